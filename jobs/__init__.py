@@ -1,0 +1,1 @@
+"""Example jobs: builders and loaders referenced from the YAML files beside them."""

@@ -1,0 +1,13 @@
+"""rayparallel: data-parallel Keras training on Ray Train, stateful models included.
+
+>>> import rayparallel
+>>> result = rayparallel.train("jobs/stateful_lstm.yaml", overrides=["train.epochs=2"])  # doctest: +SKIP
+"""
+
+from .api import train, validate
+from .errors import RayParallelError
+from .result import TrainResult
+from .spec import JobSpec, load_spec
+
+__version__ = "0.1.0"
+__all__ = ["train", "validate", "load_spec", "JobSpec", "TrainResult", "RayParallelError", "__version__"]

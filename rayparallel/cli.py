@@ -1,0 +1,51 @@
+"""`rayparallel train|validate`: the command line over the Python API.
+
+Bad input exits with code 2 and one line on stderr; `--debug` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from .errors import RayParallelError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rayparallel", description="Data-parallel Keras training on Ray.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, text in (("train", "train a job"), ("validate", "check a job without training")):
+        command = commands.add_parser(name, help=text)
+        command.add_argument("job", help="job YAML file")
+        command.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                             help="override a spec value, e.g. train.epochs=3 (repeatable)")
+        if name == "train":
+            command.add_argument("--output-dir", default=None, help="where result.json and weights go (default runs/NAME)")
+            command.add_argument("--worker-logs", action="store_true", help="show the workers' own output (TF, Ray Train)")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "validate":
+            from .api import validate
+
+            job = validate(args.job, args.overrides)
+            print(f"{args.job}: valid ({job.scaling.num_workers} workers x batch {job.per_worker_batch_size})")
+        else:
+            from .api import train
+
+            train(args.job, args.overrides, output_dir=args.output_dir, worker_logs=args.worker_logs)
+    except RayParallelError as exc:
+        if args.debug:
+            raise
+        print(f"rayparallel: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""Where the job runs: an existing Ray cluster if there is one, else an embedded local Ray."""
+
+from __future__ import annotations
+
+import os
+
+import ray
+
+from ..errors import RayParallelError
+from ..spec import JobSpec
+
+WORKER_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+
+
+def connect(worker_logs: bool = False) -> bool:
+    """Join the cluster in `RAY_ADDRESS` (set inside `ray job submit`) or start a local Ray.
+
+    Worker and actor output reaches this console only with `worker_logs` (TensorFlow and Ray
+    Train are chatty); their errors always arrive as exceptions. Returns True when this call
+    started a local Ray that the caller must shut down.
+    """
+    if ray.is_initialized():
+        return False
+    address = os.environ.get("RAY_ADDRESS")
+    env = {"env_vars": dict(WORKER_ENV)}
+    if address:
+        try:
+            ray.init(address=address, runtime_env=env, log_to_driver=worker_logs)
+        except ConnectionError as exc:
+            raise RayParallelError(f"RAY_ADDRESS: expected a running Ray cluster, received {address!r} ({exc})") from None
+        return False
+    ray.init(runtime_env=env, log_to_driver=worker_logs)
+    return True
+
+
+def check_capacity(spec: JobSpec) -> None:
+    """Fail fast when the (non-autoscaling) cluster cannot hold the workers: Ray would wait forever."""
+    available = ray.cluster_resources()
+    need = dict(spec.scaling.resources_per_worker)
+    need.setdefault("CPU", 1)
+    if spec.scaling.use_gpu:
+        need.setdefault("GPU", 1)
+    for resource, amount in need.items():
+        total = amount * spec.scaling.num_workers
+        if total > available.get(resource, 0) + 1e-9:
+            raise RayParallelError(
+                f"scaling: expected the cluster to have {total:g} {resource} for {spec.scaling.num_workers} workers "
+                f"x {amount:g}, received a cluster with {available.get(resource, 0):g} {resource}"
+            )

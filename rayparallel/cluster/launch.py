@@ -1,0 +1,108 @@
+"""Run a validated job on Ray Train: workers, checkpoint actor, progress, result.
+
+`TensorflowTrainer.fit()` blocks, so it runs in a thread while this thread prints the
+progress events the checkpoint actor collects from rank 0.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import ray
+from ray.train import RunConfig, ScalingConfig
+from ray.train.tensorflow import TensorflowTrainer
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from ..checkpoint.actor import CheckpointActor
+from ..errors import RayParallelError
+from ..result import TrainResult
+from ..spec import JobSpec
+from ..worker.loop import train_loop_per_worker
+from . import connect as cluster
+from .progress import ConsoleProgress, format_logs
+
+
+def launch(spec: JobSpec, output_dir: Path, baselines: dict, search_path: list[str], verbose: bool = True,
+           worker_logs: bool = False) -> TrainResult:
+    started_ray = cluster.connect(worker_logs)
+    try:
+        if started_ray or not os.environ.get("RAY_ADDRESS"):
+            cluster.check_capacity(spec)
+        return _fit(spec, output_dir, baselines, search_path, verbose)
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+
+def _fit(spec: JobSpec, output_dir: Path, baselines: dict, search_path: list[str], verbose: bool) -> TrainResult:
+    started = time.perf_counter()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    actor = CheckpointActor.options(scheduling_strategy=here).remote(spec, str(output_dir), search_path)
+    trainer = TensorflowTrainer(
+        train_loop_per_worker,
+        train_loop_config={"spec": spec, "actor": actor, "search_path": search_path},
+        scaling_config=ScalingConfig(
+            num_workers=spec.scaling.num_workers,
+            use_gpu=spec.scaling.use_gpu,
+            resources_per_worker=spec.scaling.resources_per_worker or None,
+            placement_strategy=spec.scaling.placement_strategy,
+        ),
+        run_config=RunConfig(
+            name=f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}",
+            storage_path=spec.run.storage_path or str((output_dir / "ray_results").resolve()),
+        ),
+    )
+    outcome: dict = {}
+
+    def fit() -> None:
+        try:
+            trainer.fit()
+        except BaseException as exc:  # re-raised in the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=fit, name="rayparallel-fit", daemon=True)
+    thread.start()
+    progress = ConsoleProgress(spec.train.epochs) if verbose else None
+    while thread.is_alive():
+        thread.join(timeout=0.5)
+        for event in ray.get(actor.drain.remote()):
+            if progress:
+                progress.show(event)
+    if "error" in outcome:
+        raise _user_error(outcome["error"]) or outcome["error"]
+
+    summary = ray.get(actor.summary.remote())
+    ray.kill(actor)
+    result = TrainResult(name=spec.name, output_dir=str(output_dir), seconds=time.perf_counter() - started,
+                         baselines=baselines, **summary)
+    result.write()
+    if verbose:
+        _print_summary(result)
+    return result
+
+
+def _user_error(error: BaseException) -> RayParallelError | None:
+    """The user's bad input raised inside a worker, unwrapped from Ray's failure wrappers."""
+    failures = getattr(error, "worker_failures", None) or {}
+    for failure in [error, *failures.values()]:
+        seen = set()
+        while failure is not None and id(failure) not in seen:
+            seen.add(id(failure))
+            if isinstance(failure, RayParallelError):
+                return failure
+            failure = getattr(failure, "cause", None) or failure.__cause__
+    return None
+
+
+def _print_summary(result: TrainResult) -> None:
+    final = result.final
+    print(f"\nrayparallel: {result.name} finished in {result.seconds:.1f}s on {len(result.workers)} workers")
+    print(f"  final: {format_logs(final)}")
+    for name, figures in result.baselines.items():
+        print(f"  baseline {name}: {format_logs(figures)}")
+    print(f"  weights: {result.final_weights}")
+    print(f"  result:  {Path(result.output_dir) / 'result.json'}")

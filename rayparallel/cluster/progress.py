@@ -1,0 +1,37 @@
+"""Console progress in the shape Keras users know from `fit(verbose=2)`."""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+
+def format_logs(logs: dict) -> str:
+    return " - ".join(f"{k}: {v:.4g}" for k, v in logs.items() if k not in ("epoch", "samples_per_s"))
+
+
+class ConsoleProgress:
+    def __init__(self, epochs: int, stream: TextIO = sys.stdout):
+        self.epochs, self.stream = epochs, stream
+        self._live = stream.isatty()
+        self._epoch_shown = 0
+
+    def show(self, event: dict) -> None:
+        if event["epoch"] != self._epoch_shown:
+            self._epoch_shown = event["epoch"]
+            self._line(f"Epoch {event['epoch']}/{self.epochs}")
+        if event["kind"] == "progress":
+            text = (f"{event['step']}/{event['steps']} - loss: {event['loss']:.4g} "
+                    f"- {event['samples_per_s']:.0f} samples/s")
+            if self._live:
+                self.stream.write("\r" + text)
+                self.stream.flush()
+            return
+        logs = event["logs"]
+        text = (f"{event['seconds']:.1f}s - {format_logs(logs)} "
+                f"- {logs['samples_per_s']:.0f} samples/s")
+        self._line(("\r" if self._live else "") + text)
+
+    def _line(self, text: str) -> None:
+        self.stream.write(text + "\n")
+        self.stream.flush()

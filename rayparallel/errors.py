@@ -1,0 +1,32 @@
+"""Errors a user can act on.
+
+Everything raised as :class:`RayParallelError` is a problem with the user's input (job file,
+builder, loader, data, paths). The CLI prints its one-line message and exits with code 2;
+anything else is a bug or an infrastructure failure and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class RayParallelError(Exception):
+    """A bad input, reported as one line: what was expected, what was received."""
+
+
+class SpecError(RayParallelError):
+    """The job spec (YAML or overrides) does not describe a valid job."""
+
+
+class DataError(RayParallelError):
+    """The loader's arrays cannot be split into full, equal global batches."""
+
+
+class ModelError(RayParallelError):
+    """The builder did not return a Keras model that fits the per-worker batch."""
+
+
+def describe(value: object) -> str:
+    """Short, readable description of a received value for error messages."""
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} ({type(value).__name__})"

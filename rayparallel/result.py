@@ -1,0 +1,36 @@
+"""What a training run returns and writes as `result.json`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class TrainResult:
+    """Per-epoch global figures (Keras' history keys), final base weights, worker placement."""
+
+    name: str
+    history: list[dict]
+    final_weights: str
+    workers: list[dict]
+    output_dir: str
+    seconds: float
+    baselines: dict = field(default_factory=dict)
+
+    @property
+    def final(self) -> dict[str, float]:
+        return self.history[-1] if self.history else {}
+
+    def write(self) -> Path:
+        path = Path(self.output_dir) / "result.json"
+        path.write_text(json.dumps(asdict(self), indent=2, default=_plain))
+        return path
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)

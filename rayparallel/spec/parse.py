@@ -1,0 +1,183 @@
+"""YAML text and `--set` overrides -> a validated :class:`JobSpec`.
+
+Validation happens here, before Ray or TensorFlow start, so a typo costs a second and not a
+cluster start-up. Every error names the key, what was expected and what was received.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, Iterable, Literal, Union
+
+import yaml
+
+from ..errors import SpecError, describe
+from .schema import JobSpec
+
+_POSITIVE = {
+    "train.global_batch_size",
+    "train.epochs",
+    "scaling.num_workers",
+    "run.collective_timeout_s",
+}
+_NON_NEGATIVE = {"train.progress_every_n_steps"}
+
+
+def load_spec(source: Union[str, os.PathLike, dict, JobSpec], overrides: Iterable[str] = ()) -> JobSpec:
+    """Read a job from a YAML path (or a dict), apply `key.path=value` overrides, validate.
+
+    >>> spec = load_spec("jobs/stateful_lstm.yaml", overrides=["train.epochs=2"])  # doctest: +SKIP
+    """
+    if isinstance(source, JobSpec):
+        raw = source.to_dict()
+    elif isinstance(source, dict):
+        raw = source
+    else:
+        raw = read_yaml(Path(source))
+    raw = apply_overrides(raw, overrides)
+    spec = _build(JobSpec, raw, "")
+    _check_values(spec)
+    return spec
+
+
+def read_yaml(path: Path) -> dict:
+    if not path.is_file():
+        raise SpecError(f"job file: expected an existing YAML file, received {str(path)!r} (not found)")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError(f"{path}:{where}: expected valid YAML, received a syntax error: {problem}") from None
+    if not isinstance(raw, dict):
+        raise SpecError(f"{path}: expected a mapping of sections (name, model, data, ...), received {describe(raw)}")
+    return raw
+
+
+def apply_overrides(raw: dict, overrides: Iterable[str]) -> dict:
+    """`train.epochs=3` sets raw["train"]["epochs"] = 3 (the value is parsed as YAML)."""
+    import copy
+
+    raw = copy.deepcopy(raw)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise SpecError(f"--set: expected KEY.PATH=VALUE, received {item!r}")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise SpecError(f"--set {key}: expected a YAML value, received {text!r}") from None
+        node = raw
+        parts = key.strip().split(".")
+        for depth, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                where = ".".join(parts[: depth + 1])
+                raise SpecError(f"--set {key}: expected {where} to be a section, received {describe(child)}")
+            node = child
+        node[parts[-1]] = value
+    return raw
+
+
+def _build(cls: type, raw: Any, path: str) -> Any:
+    """Turn a dict into dataclass `cls`, checking keys and types recursively."""
+    label = path or "job"
+    if not isinstance(raw, dict):
+        raise SpecError(f"{label}: expected a mapping, received {describe(raw)}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    for key in raw:
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), fields, n=1)
+            hint = f"; did you mean {_join(path, close[0])!r}?" if close else ""
+            raise SpecError(
+                f"{_join(path, key)}: unknown key; expected one of {sorted(fields)}{hint}"
+            )
+    values = {}
+    for name, f in fields.items():
+        key_path = _join(path, name)
+        if name not in raw:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise SpecError(f"{key_path}: required key is missing")
+            continue
+        values[name] = _coerce(raw[name], hints[name], key_path)
+    return cls(**values)
+
+
+def _coerce(value: Any, hint: Any, path: str) -> Any:
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, path)
+    origin = typing.get_origin(hint)
+    if origin in (Union, types.UnionType):
+        for option in typing.get_args(hint):
+            try:
+                return _coerce(value, option, path)
+            except SpecError:
+                continue
+        raise SpecError(f"{path}: expected {_type_name(hint)}, received {describe(value)}")
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        if value not in choices:
+            raise SpecError(f"{path}: expected one of {list(choices)}, received {describe(value)}")
+        return value
+    if hint is type(None):
+        if value is not None:
+            raise SpecError(f"{path}: expected null, received {describe(value)}")
+        return None
+    base = origin or hint
+    if base is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if base is int and isinstance(value, bool):
+        raise SpecError(f"{path}: expected an integer, received {describe(value)}")
+    if base is Any or isinstance(value, base):
+        return value
+    raise SpecError(f"{path}: expected {_type_name(hint)}, received {describe(value)}")
+
+
+def _check_values(spec: JobSpec) -> None:
+    flat = {
+        f"{section}.{name}": value
+        for section in ("train", "scaling", "run")
+        for name, value in vars(getattr(spec, section)).items()
+    }
+    for key in _POSITIVE:
+        if flat[key] <= 0:
+            raise SpecError(f"{key}: expected a positive number, received {flat[key]!r}")
+    for key in _NON_NEGATIVE:
+        if flat[key] < 0:
+            raise SpecError(f"{key}: expected zero or a positive number, received {flat[key]!r}")
+    if not spec.name.strip():
+        raise SpecError("name: expected a non-empty run name, received ''")
+    batch, workers = spec.train.global_batch_size, spec.scaling.num_workers
+    if batch % workers:
+        raise SpecError(
+            f"train.global_batch_size: expected a multiple of scaling.num_workers={workers} "
+            f"(each worker gets an equal slice), received {batch}"
+        )
+    for key, ref in (("model.builder", spec.model.builder), ("data.loader", spec.data.loader)):
+        module, sep, attr = ref.partition(":")
+        if not (sep and module and attr):
+            raise SpecError(f"{key}: expected 'module:function', received {ref!r}")
+    for name, amount in spec.scaling.resources_per_worker.items():
+        if not isinstance(amount, (int, float)) or isinstance(amount, bool) or amount < 0:
+            raise SpecError(
+                f"scaling.resources_per_worker.{name}: expected a non-negative number, received {describe(amount)}"
+            )
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _type_name(hint: Any) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+             dict: "a mapping", list: "a list", type(None): "null"}
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        return " or ".join(_type_name(h) for h in typing.get_args(hint))
+    return names.get(typing.get_origin(hint) or hint, getattr(hint, "__name__", str(hint)))

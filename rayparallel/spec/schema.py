@@ -1,0 +1,87 @@
+"""The job spec as typed objects: one dataclass per YAML section.
+
+Field names follow the words users already know: Keras' `compile`/`fit` arguments in
+`train`, Ray's `ScalingConfig` in `scaling` and `RunConfig` in `run`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
+
+Identifier = Union[str, dict]  # a Keras identifier: "adam" or {"class_name": ..., "config": ...}
+
+
+@dataclass
+class ModelSpec:
+    """`builder(batch_size=<per-worker batch>, **kwargs)` returns an uncompiled keras.Model."""
+
+    builder: str
+    kwargs: dict = field(default_factory=dict)
+
+
+@dataclass
+class DataSpec:
+    """`loader(**kwargs)` returns {x_train, y_train[, x_val, y_val][, baselines]}.
+
+    `layout: streams` keeps row order (stateful sequence streams); `shuffle` reshuffles
+    every epoch from the seed. If the loader accepts a `global_batch_size` argument it is
+    given the job's global batch (stream loaders need it to interleave the streams).
+    """
+
+    loader: str
+    kwargs: dict = field(default_factory=dict)
+    layout: Literal["streams", "shuffle"] = "shuffle"
+    check_finite: bool = False
+
+
+@dataclass
+class TrainSpec:
+    """What Keras users pass to `compile` and `fit`."""
+
+    global_batch_size: int
+    epochs: int = 1
+    optimizer: Identifier = "adam"
+    loss: Identifier = "mean_squared_error"
+    metrics: list = field(default_factory=list)
+    seed: int = 0
+    progress_every_n_steps: int = 0  # 0: about ten progress updates per epoch
+
+
+@dataclass
+class ScalingSpec:
+    """Ray's `ScalingConfig` words."""
+
+    num_workers: int = 1
+    use_gpu: bool = False
+    resources_per_worker: dict = field(default_factory=dict)
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+
+
+@dataclass
+class RunSpec:
+    """Ray's `RunConfig` words; `storage_path` defaults to `<output dir>/ray_results`."""
+
+    storage_path: Union[str, None] = None
+    collective_timeout_s: float = 600.0
+
+
+@dataclass
+class JobSpec:
+    """A whole job file. `JobSpec.per_worker_batch_size` is what each replica is built for."""
+
+    name: str
+    model: ModelSpec
+    data: DataSpec
+    train: TrainSpec
+    scaling: ScalingSpec = field(default_factory=ScalingSpec)
+    run: RunSpec = field(default_factory=RunSpec)
+
+    @property
+    def per_worker_batch_size(self) -> int:
+        return self.train.global_batch_size // self.scaling.num_workers
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)

@@ -1,0 +1,118 @@
+"""Build this worker's replica and the pieces `compile` would have given it.
+
+The replica is built by the user's builder with the per-worker batch, inside the
+strategy's scope. Loss and metrics are resolved the way `Model.compile` resolves their
+names, so history keys match what Keras users see from `fit`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..errors import ModelError, SpecError, describe
+from ..spec import ModelSpec
+from ..spec.references import resolve
+
+
+def build_replica(spec: ModelSpec, batch_size: int) -> Any:
+    """`builder(batch_size=..., **kwargs)`, checked to be a Keras model built for that batch."""
+    import keras
+
+    builder = resolve(spec.builder, "model.builder")
+    model = builder(batch_size=batch_size, **spec.kwargs)
+    if not isinstance(model, keras.Model):
+        raise ModelError(f"model.builder: expected a keras.Model, received {describe(model)} from {spec.builder!r}")
+    for tensor in model.inputs:
+        fixed = tensor.shape[0]
+        if fixed is not None and fixed != batch_size:
+            raise ModelError(
+                f"model.builder: expected a model with batch size {batch_size} (the per-worker batch), "
+                f"received input {tensor.name!r} with fixed batch {fixed}; build keras.Input(batch_shape=(batch_size, ...))"
+            )
+    return model
+
+
+def batch_shapes(model: Any) -> list[list]:
+    """The input shapes the replica was built with, as plain lists for result.json."""
+    return [list(t.shape) for t in model.inputs]
+
+
+def stateful_layers(model: Any) -> list:
+    return [layer for layer in model._flatten_layers() if getattr(layer, "stateful", False)]
+
+
+def reset_states(layers: list) -> None:
+    for layer in layers:
+        layer.reset_state()
+
+
+def make_optimizer(identifier: Any) -> Any:
+    import keras
+
+    try:
+        return keras.optimizers.get(identifier)
+    except (ValueError, TypeError) as exc:
+        raise SpecError(f"train.optimizer: expected a Keras optimizer name or {{class_name, config}}, received {identifier!r} ({exc})") from None
+
+
+def per_sample_loss(identifier: Any) -> Callable:
+    """A function (y_true, y_pred) -> one loss value per row, before any batch reduction."""
+    import keras
+    from keras import ops
+
+    try:
+        loss = keras.losses.get(identifier)
+    except (ValueError, TypeError) as exc:
+        raise SpecError(f"train.loss: expected a Keras loss name or {{class_name, config}}, received {identifier!r} ({exc})") from None
+    if loss is None:
+        raise SpecError(f"train.loss: expected a Keras loss name or {{class_name, config}}, received {identifier!r}")
+    elementwise = loss.call if isinstance(loss, keras.losses.Loss) else loss
+
+    def rows(y_true, y_pred):
+        values = elementwise(y_true, ops.cast(y_pred, "float32"))
+        if len(values.shape) > 1:
+            values = ops.mean(ops.reshape(values, (ops.shape(values)[0], -1)), axis=1)
+        return values
+
+    return rows
+
+
+_ACCURACY = ("accuracy", "acc")
+
+
+def make_metrics(identifiers: list, loss: Any, y_example: Any, output_shape: tuple) -> list:
+    """Keras metric objects, named as `compile(metrics=...)` names them in the history."""
+    import keras
+
+    metrics = []
+    for identifier in identifiers:
+        if isinstance(identifier, str) and identifier in _ACCURACY:
+            metrics.append(_accuracy(identifier, loss, y_example, output_shape))
+            continue
+        try:
+            metric = keras.metrics.get(identifier)
+        except (ValueError, TypeError) as exc:
+            raise SpecError(f"train.metrics: expected Keras metric names or {{class_name, config}}, received {identifier!r} ({exc})") from None
+        if not isinstance(metric, keras.metrics.Metric):
+            metric = keras.metrics.MeanMetricWrapper(metric, name=getattr(metric, "__name__", str(identifier)))
+        if isinstance(identifier, str) and metric.name != identifier:
+            metric = type(metric)(name=identifier)  # history keys as compile names them: "mae"
+        metrics.append(metric)
+    names = [m.name for m in metrics]
+    duplicates = {n for n in names if names.count(n) > 1}
+    if duplicates:
+        raise SpecError(f"train.metrics: expected distinct metric names, received {sorted(duplicates)} more than once")
+    return metrics
+
+
+def _accuracy(name: str, loss: Any, y_example: Any, output_shape: tuple) -> Any:
+    """The accuracy Keras' compile picks for this loss and these shapes."""
+    import keras
+
+    loss_name = loss if isinstance(loss, str) else str(loss.get("class_name", "")) if isinstance(loss, dict) else ""
+    loss_name = loss_name.lower().replace("_", "")
+    if "binary" in loss_name or output_shape[-1] == 1:
+        return keras.metrics.BinaryAccuracy(name=name)
+    if "sparse" in loss_name or y_example.ndim < len(output_shape) or y_example.shape[-1] == 1:
+        return keras.metrics.SparseCategoricalAccuracy(name=name)
+    return keras.metrics.CategoricalAccuracy(name=name)

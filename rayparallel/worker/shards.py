@@ -1,0 +1,133 @@
+"""Which rows each worker trains on, step by step.
+
+Global batch t holds rows `order[t*B:(t+1)*B]`; worker r takes the slice
+`[r*b, (r+1)*b)` of it. With `layout: streams` the order is the identity, so row i of every
+global batch is stream i and worker r always owns streams `[r*b, (r+1)*b)`. With
+`layout: shuffle` the order is a permutation drawn from `(seed, epoch)`, the same on every
+worker. Only full batches are used, so every worker runs the same number of steps.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from ..errors import DataError, describe
+from ..spec import DataSpec
+from ..spec.references import resolve
+
+
+@dataclass
+class Split:
+    """One split (train or validation): `x` is an array, a tuple or a dict of arrays."""
+
+    x: Any
+    y: np.ndarray
+
+    @property
+    def rows(self) -> int:
+        return len(self.y)
+
+
+@dataclass
+class Data:
+    train: Split
+    val: Optional[Split]
+    baselines: dict
+
+
+def load_data(spec: DataSpec, global_batch_size: int) -> Data:
+    """Call the loader and check that its arrays can feed full global batches."""
+    loader = resolve(spec.loader, "data.loader")
+    kwargs = dict(spec.kwargs)
+    if "global_batch_size" in inspect.signature(loader).parameters:
+        kwargs.setdefault("global_batch_size", global_batch_size)
+    out = loader(**kwargs)
+    if not isinstance(out, dict) or "x_train" not in out or "y_train" not in out:
+        got = sorted(out) if isinstance(out, dict) else describe(out)
+        raise DataError(f"data.loader: expected a dict with x_train, y_train[, x_val, y_val], received {got}")
+    if ("x_val" in out) != ("y_val" in out):
+        raise DataError("data.loader: expected both x_val and y_val or neither, received only one of them")
+    train = _split(out["x_train"], out["y_train"], "train", global_batch_size, spec.check_finite)
+    val = None
+    if out.get("x_val") is not None:
+        val = _split(out["x_val"], out["y_val"], "val", global_batch_size, spec.check_finite)
+    return Data(train=train, val=val, baselines=dict(out.get("baselines") or {}))
+
+
+def _split(x: Any, y: Any, name: str, global_batch_size: int, check_finite: bool) -> Split:
+    x = _as_arrays(x, f"x_{name}")
+    y = _as_arrays(y, f"y_{name}")
+    if not isinstance(y, np.ndarray):
+        raise DataError(f"data.loader: expected y_{name} to be one array (single-output models), received {type(y).__name__}")
+    lengths = {f"x_{name}{key}": len(a) for key, a in _leaves(x)}
+    lengths[f"y_{name}"] = len(y)
+    if len(set(lengths.values())) > 1:
+        shown = ", ".join(f"{k}={v}" for k, v in lengths.items())
+        raise DataError(f"data.loader: expected x_{name} and y_{name} with the same number of rows, received {shown}")
+    if len(y) < global_batch_size:
+        raise DataError(
+            f"data.loader: expected at least one global batch ({global_batch_size} rows) in {name}, "
+            f"received {len(y)} rows"
+        )
+    if check_finite:
+        for key, array in _leaves(x) + [("", y)]:
+            if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+                bad = int(np.argwhere(~np.isfinite(array))[0][0])
+                label = f"x_{name}{key}" if array is not y else f"y_{name}"
+                raise DataError(f"data.loader: expected finite values in {label}, received NaN/inf at row {bad}")
+    return Split(x=x, y=y)
+
+
+def _as_arrays(value: Any, label: str) -> Any:
+    if isinstance(value, dict):
+        return {k: _as_arrays(v, f"{label}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, tuple):  # multi-input model: one array per input
+        return tuple(_as_arrays(v, f"{label}[{i}]") for i, v in enumerate(value))
+    array = np.asarray(value)
+    if array.ndim == 0:
+        raise DataError(f"data.loader: expected {label} to be an array of rows, received {describe(value)}")
+    return array
+
+
+def _leaves(x: Any) -> list[tuple[str, np.ndarray]]:
+    if isinstance(x, dict):
+        return [(f"[{k!r}]", v) for k, v in x.items()]
+    if isinstance(x, tuple):
+        return [(f"[{i}]", v) for i, v in enumerate(x)]
+    return [("", x)]
+
+
+def take(x: Any, rows: np.ndarray) -> Any:
+    """Rows `rows` of every array in `x` (array, tuple or dict)."""
+    if isinstance(x, dict):
+        return {k: v[rows] for k, v in x.items()}
+    if isinstance(x, tuple):
+        return tuple(v[rows] for v in x)
+    return x[rows]
+
+
+def steps_per_epoch(rows: int, global_batch_size: int) -> int:
+    return rows // global_batch_size
+
+
+def epoch_order(rows: int, epoch: int, layout: str, seed: int) -> np.ndarray:
+    """The global row order of one epoch: identity for streams, a seeded permutation otherwise."""
+    if layout == "streams":
+        return np.arange(rows)
+    return np.random.default_rng([seed, epoch]).permutation(rows)
+
+
+def worker_rows(order: np.ndarray, global_batch_size: int, rank: int, num_workers: int) -> np.ndarray:
+    """This worker's rows, step after step: its slice `[r*b, (r+1)*b)` of each full global batch.
+
+    >>> worker_rows(np.arange(8), 4, rank=1, num_workers=2).tolist()
+    [2, 3, 6, 7]
+    """
+    steps = len(order) // global_batch_size
+    per_worker = global_batch_size // num_workers
+    batches = order[: steps * global_batch_size].reshape(steps, num_workers, per_worker)
+    return batches[:, rank, :].reshape(-1)

@@ -1,0 +1,78 @@
+"""One training step and one evaluation step, run on this worker's rows inside `strategy.run`.
+
+Each worker's loss is the sum of its per-row losses divided by the *global* batch, so the
+gradients summed over workers (by the optimizer's all-reduce) equal the gradient one device
+would compute for the whole global batch. Loss and metric states accumulate locally and are
+summed over workers only when figures are needed (see :class:`EpochFigures`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from .sync import Reducer
+
+
+class Steps:
+    """Compiled train/eval steps for one replica; `loss_total` holds this worker's share."""
+
+    def __init__(self, strategy: Any, model: Any, optimizer: Any, loss_rows: Callable, metrics: list, global_batch_size: int):
+        import tensorflow as tf
+
+        self.model, self.metrics = model, metrics
+        self.loss_total = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        scale = 1.0 / global_batch_size
+        replicas = strategy.num_replicas_in_sync
+
+        def train_replica(x, y):
+            with tf.GradientTape() as tape:
+                y_pred = model(x, training=True)
+                loss = tf.reduce_sum(loss_rows(y, y_pred)) * scale
+                if model.losses:  # regularizers: each replica adds its 1/N share
+                    loss += tf.add_n(model.losses) / replicas
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            self._record(loss, y, y_pred)
+
+        def eval_replica(x, y):
+            y_pred = model(x, training=False)
+            self._record(tf.reduce_sum(loss_rows(y, y_pred)) * scale, y, y_pred)
+
+        self.train_step = tf.function(lambda x, y: strategy.run(train_replica, args=(x, y)))
+        self.eval_step = tf.function(lambda x, y: strategy.run(eval_replica, args=(x, y)))
+
+    def _record(self, loss: Any, y: Any, y_pred: Any) -> None:
+        import tensorflow as tf
+
+        self.loss_total.assign_add(tf.cast(loss, tf.float64))
+        for metric in self.metrics:
+            metric.update_state(y, y_pred)
+
+    def reset(self) -> None:
+        self.loss_total.assign(0.0)
+        for metric in self.metrics:
+            metric.reset_state()
+
+
+class EpochFigures:
+    """Global loss and metrics: local states summed over all workers, then Keras' `result()`."""
+
+    def __init__(self, steps: Steps, reducer: Reducer):
+        self._steps, self._reducer = steps, reducer
+
+    def running_loss(self, steps_done: int) -> float:
+        (total,) = self._reducer.sum([self._steps.loss_total.numpy()])
+        return float(total) / max(steps_done, 1)
+
+    def collect(self, steps_done: int, prefix: str = "") -> dict[str, float]:
+        """Mean loss per step and every metric, over the whole global batch of every step."""
+        variables = [v for m in self._steps.metrics for v in m.variables]
+        total, *summed = self._reducer.sum([self._steps.loss_total.numpy()] + [v.numpy() for v in variables])
+        for variable, value in zip(variables, summed):
+            variable.assign(np.asarray(value).astype(variable.dtype))
+        figures = {prefix + "loss": float(total) / max(steps_done, 1)}
+        for metric in self._steps.metrics:
+            figures[prefix + metric.name] = float(np.asarray(metric.result()))
+        return figures

@@ -1,0 +1,64 @@
+"""Gradient and metric synchronization across workers: MultiWorkerMirroredStrategy collectives.
+
+Ray's TensorFlow backend writes `TF_CONFIG`; the strategy built from it is the sync engine.
+Gradients are all-reduced by the Keras optimizer's `apply_gradients` inside
+`strategy.run`; metric states are summed once per epoch by :func:`all_reduce_sum`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def configure_threads(cpus_per_worker: float) -> None:
+    """A worker that reserved N CPUs runs N intra-op threads (must precede any TF op)."""
+    import tensorflow as tf
+
+    threads = max(1, int(cpus_per_worker))
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+
+def make_strategy(use_gpu: bool, timeout_s: float) -> Any:
+    """MWMS with NCCL on GPUs and the ring on CPUs; a dead peer fails a collective after `timeout_s`."""
+    import tensorflow as tf
+
+    implementation = (
+        tf.distribute.experimental.CommunicationImplementation.NCCL
+        if use_gpu and tf.config.list_physical_devices("GPU")
+        else tf.distribute.experimental.CommunicationImplementation.RING
+    )
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=implementation, timeout_seconds=timeout_s
+    )
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+
+class Reducer:
+    """Sums a list of NumPy arrays over all workers in one collective (every rank must call)."""
+
+    def __init__(self, strategy: Any):
+        import tensorflow as tf
+
+        self._strategy = strategy
+
+        def replica_sum(flat):
+            local = tf.identity(flat)  # placed on this replica's device, as all_reduce requires
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, local)
+
+        self._run = tf.function(lambda flat: strategy.run(replica_sum, args=(flat,)))
+
+    def sum(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        if not arrays:
+            return []
+        shapes = [np.shape(a) for a in arrays]
+        flat = np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
+        total = self._strategy.experimental_local_results(self._run(flat))[0].numpy()
+        out, start = [], 0
+        for shape in shapes:
+            size = int(np.prod(shape))
+            out.append(total[start : start + size].reshape(shape))
+            start += size
+        return out

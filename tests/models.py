@@ -1,0 +1,73 @@
+"""Small builders and loaders the tests reference from job specs ("tests.models:...")."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def stateful_lstm(batch_size: int, units: int = 6):
+    import keras
+
+    inputs = keras.Input(batch_shape=(batch_size, 5, 2))
+    hidden = keras.layers.LSTM(units, stateful=True, return_sequences=True)(inputs)
+    return keras.Model(inputs, keras.layers.Dense(1)(hidden))
+
+
+def sine_streams(global_batch_size: int, windows: int = 6):
+    """Noisy sines, one phase per stream, laid out stream-interleaved for `layout: streams`."""
+    rng = np.random.default_rng(0)
+    t = np.arange(windows * 5 + 1)
+    phases = rng.uniform(0, 2 * np.pi, size=global_batch_size)
+    series = np.sin(0.3 * t[None, :] + phases[:, None]) + 0.1 * rng.normal(size=(global_batch_size, len(t)))
+    clock = np.broadcast_to(np.cos(0.3 * t[None, :-1]), series[:, :-1].shape)
+    feats = np.stack([series[:, :-1], clock], axis=-1)
+    target = series[:, 1:, None]
+    x = feats.reshape(global_batch_size, windows, 5, 2).transpose(1, 0, 2, 3).reshape(-1, 5, 2)
+    y = target.reshape(global_batch_size, windows, 5, 1).transpose(1, 0, 2, 3).reshape(-1, 5, 1)
+    cut = (windows - 2) * global_batch_size
+    return {"x_train": x[:cut].astype("float32"), "y_train": y[:cut].astype("float32"),
+            "x_val": x[cut:].astype("float32"), "y_val": y[cut:].astype("float32")}
+
+
+def small_cnn(batch_size: int = 4, classes: int = 3):
+    import keras
+
+    inputs = keras.Input(shape=(8, 8, 1))  # stateless: no fixed batch
+    h = keras.layers.Conv2D(4, 3, activation="relu")(inputs)
+    h = keras.layers.GlobalAveragePooling2D()(h)
+    return keras.Model(inputs, keras.layers.Dense(classes, activation="softmax")(h))
+
+
+def blobs(rows: int = 96, val_rows: int = 24, classes: int = 3):
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, classes, size=rows + val_rows)
+    images = rng.normal(size=(rows + val_rows, 8, 8, 1)) * 0.5 + labels[:, None, None, None]
+    images, labels = images.astype("float32"), labels.astype("int64")
+    return {"x_train": images[:rows], "y_train": labels[:rows], "x_val": images[rows:], "y_val": labels[rows:]}
+
+
+# --- bad inputs -------------------------------------------------------------------------
+
+def not_a_model(batch_size: int):
+    return "a string"
+
+
+def fixed_batch_32(batch_size: int):
+    import keras
+
+    inputs = keras.Input(batch_shape=(32, 4))
+    return keras.Model(inputs, keras.layers.Dense(1)(inputs))
+
+
+def mismatched_lengths():
+    return {"x_train": np.zeros((40, 8, 8, 1), "float32"), "y_train": np.zeros(39, "int64")}
+
+
+def too_few_rows():
+    return {"x_train": np.zeros((3, 8, 8, 1), "float32"), "y_train": np.zeros(3, "int64")}
+
+
+def with_nan():
+    data = blobs()
+    data["x_train"][5, 0, 0, 0] = np.nan
+    return data

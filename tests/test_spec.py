@@ -1,0 +1,89 @@
+"""Job spec parsing and validation: pure logic, no Ray, no TensorFlow."""
+
+from __future__ import annotations
+
+import pytest
+
+from rayparallel import load_spec
+from rayparallel.errors import SpecError
+
+BASE = {
+    "name": "t",
+    "model": {"builder": "tests.models:small_cnn"},
+    "data": {"loader": "tests.models:blobs"},
+    "train": {"global_batch_size": 8},
+}
+
+
+def with_(**sections):
+    raw = {k: dict(v) if isinstance(v, dict) else v for k, v in BASE.items()}
+    for dotted, value in sections.items():
+        section, key = dotted.split("__")
+        raw.setdefault(section, {})[key] = value
+    return raw
+
+
+def test_defaults_and_per_worker_batch():
+    spec = load_spec(with_(scaling__num_workers=2))
+    assert spec.per_worker_batch_size == 4
+    assert spec.train.epochs == 1 and spec.data.layout == "shuffle"
+    assert spec.scaling.placement_strategy == "PACK"
+
+
+def test_overrides_are_yaml_typed_and_dotted():
+    spec = load_spec(BASE, ["train.epochs=3", "train.optimizer={class_name: SGD, config: {learning_rate: 0.1}}",
+                            "scaling.resources_per_worker.CPU=0.5"])
+    assert spec.train.epochs == 3
+    assert spec.train.optimizer == {"class_name": "SGD", "config": {"learning_rate": 0.1}}
+    assert spec.scaling.resources_per_worker == {"CPU": 0.5}
+
+
+@pytest.mark.parametrize("raw, overrides, message", [
+    (with_(train__global_batch_size=9, scaling__num_workers=2), [],
+     "train.global_batch_size: expected a multiple of scaling.num_workers=2 (each worker gets an equal slice), received 9"),
+    (with_(train__epochs=0), [], "train.epochs: expected a positive number, received 0"),
+    (with_(train__global_batch_size=-4), [], "train.global_batch_size: expected a positive number, received -4"),
+    (with_(train__epoch=3), [], "train.epoch: unknown key; expected one of"),
+    (with_(train__epochs="three"), [], "train.epochs: expected an integer, received 'three' (str)"),
+    (with_(train__epochs=True), [], "train.epochs: expected an integer, received True (bool)"),
+    (with_(data__layout="stream"), [], "data.layout: expected one of ['streams', 'shuffle'], received 'stream' (str)"),
+    (with_(model__builder="tests.models.small_cnn"), [], "model.builder: expected 'module:function', received 'tests.models.small_cnn'"),
+    (with_(scaling__placement_strategy="spread"), [], "scaling.placement_strategy: expected one of"),
+    ({k: v for k, v in BASE.items() if k != "train"}, [], "train: required key is missing"),
+    (BASE, ["train.epochs"], "--set: expected KEY.PATH=VALUE, received 'train.epochs'"),
+    (BASE, ["name.x=1"], "--set name.x: expected name to be a section, received 't' (str)"),
+    (BASE, ["scalling.num_workers=2"], "scalling: unknown key"),
+])
+def test_bad_specs_name_key_expected_and_received(raw, overrides, message):
+    with pytest.raises(SpecError) as info:
+        load_spec(raw, overrides)
+    text = str(info.value)
+    assert text.startswith(message), text
+    assert "\n" not in text
+
+
+def test_unknown_key_suggests_closest():
+    with pytest.raises(SpecError, match=r"did you mean 'train.epochs'\?"):
+        load_spec(with_(train__epoch=3))
+    with pytest.raises(SpecError, match=r"did you mean 'scaling'\?"):
+        load_spec(BASE, ["scalling.num_workers=2"])
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("name: x\nmodel:\n  builder: a:b\n  kwargs: {units: 3\ntrain: {}\n")
+    with pytest.raises(SpecError, match=r"job.yaml: line \d+, column \d+: expected valid YAML"):
+        load_spec(path)
+
+
+def test_missing_job_file(tmp_path):
+    with pytest.raises(SpecError, match="expected an existing YAML file, received .*nope.yaml"):
+        load_spec(tmp_path / "nope.yaml")
+
+
+def test_shipped_jobs_are_valid_specs():
+    from pathlib import Path
+
+    for path in sorted(Path(__file__).resolve().parents[1].glob("jobs/*.yaml")):
+        spec = load_spec(path)
+        assert spec.name and spec.train.global_batch_size % spec.scaling.num_workers == 0

@@ -1,0 +1,73 @@
+"""N workers train the same model as one worker with the global batch (real Ray, real TF)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rayparallel
+
+pytestmark = pytest.mark.slow
+
+LSTM = {
+    "name": "eq-lstm",
+    "model": {"builder": "tests.models:stateful_lstm"},
+    "data": {"loader": "tests.models:sine_streams", "layout": "streams"},
+    "train": {"global_batch_size": 6, "epochs": 2, "optimizer": {"class_name": "Adam", "config": {"learning_rate": 0.02}},
+              "metrics": ["mae"], "seed": 3},
+    "scaling": {"num_workers": 1},
+}
+CNN = {
+    "name": "eq-cnn",
+    "model": {"builder": "tests.models:small_cnn"},
+    "data": {"loader": "tests.models:blobs", "layout": "shuffle"},
+    "train": {"global_batch_size": 8, "epochs": 2, "optimizer": "adam", "seed": 5,
+              "loss": "sparse_categorical_crossentropy",
+              "metrics": ["accuracy", {"class_name": "MeanIoU", "config": {"num_classes": 3, "sparse_y_pred": False, "name": "miou"}}]},
+    "scaling": {"num_workers": 1},
+}
+
+
+def final_weights(result, builder) -> list[np.ndarray]:
+    """Load the run's weights file into the base model built for batch 1 (any batch loads)."""
+    model = builder(batch_size=1)
+    model.load_weights(result.final_weights)
+    return model.get_weights()
+
+
+def max_relative_error(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    return max(float(np.max(np.abs(x - y)) / (np.max(np.abs(y)) + 1e-12)) for x, y in zip(a, b))
+
+
+def run(spec, tmp_path, workers, cpus):
+    return rayparallel.train(spec, [f"scaling.num_workers={workers}", f"scaling.resources_per_worker.CPU={cpus}"],
+                             output_dir=tmp_path / f"{spec['name']}-{workers}", verbose=False)
+
+
+def test_stateful_lstm_streams_1_2_3_workers_same_weights(ray_address, tmp_path):
+    from tests.models import stateful_lstm
+
+    one = run(LSTM, tmp_path, 1, 1)
+    reference = final_weights(one, stateful_lstm)
+    for workers in (2, 3):
+        result = run(LSTM, tmp_path, workers, 1)
+        error = max_relative_error(final_weights(result, stateful_lstm), reference)
+        print(f"lstm streams: {workers} workers vs 1, max relative weight error {error:.2e}")
+        assert error < 1e-5
+        assert [w["batch_shape"] for w in result.workers] == [[[6 // workers, 5, 2]]] * workers
+        for key in ("loss", "mae", "val_loss", "val_mae"):  # global figures, not rank 0's share
+            assert result.final[key] == pytest.approx(one.final[key], rel=1e-4), key
+    assert len(one.history) == 2 and one.history[-1]["loss"] < one.history[0]["loss"]
+
+
+def test_stateless_cnn_shuffle_2_workers_same_weights_and_global_metrics(ray_address, tmp_path):
+    from tests.models import small_cnn
+
+    one, two = run(CNN, tmp_path, 1, 1), run(CNN, tmp_path, 2, 1)
+    error = max_relative_error(final_weights(two, small_cnn), final_weights(one, small_cnn))
+    print(f"cnn shuffle: 2 workers vs 1, max relative weight error {error:.2e}")
+    assert error < 1e-5
+    assert set(two.final) >= {"loss", "accuracy", "miou", "val_loss", "val_accuracy", "val_miou"}
+    for key in ("loss", "accuracy", "miou", "val_loss", "val_accuracy", "val_miou"):
+        assert two.final[key] == pytest.approx(one.final[key], rel=1e-4, abs=1e-6), key
+    assert sorted(w["rank"] for w in two.workers) == [0, 1]

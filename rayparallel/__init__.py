@@ -5,9 +5,10 @@
 """
 
 from .api import train, validate
+from .checkpoint.export import export, load_model
 from .errors import RayParallelError
 from .result import TrainResult
 from .spec import JobSpec, load_spec
 
 __version__ = "0.1.0"
-__all__ = ["train", "validate", "load_spec", "JobSpec", "TrainResult", "RayParallelError", "__version__"]
+__all__ = ["train", "validate", "load_model", "export", "load_spec", "JobSpec", "TrainResult", "RayParallelError", "__version__"]

@@ -44,12 +44,14 @@ def train(
     >>> result = rayparallel.train("jobs/stateful_lstm.yaml", overrides=["train.epochs=2"])  # doctest: +SKIP
     >>> result.history[-1]["val_loss"]  # doctest: +SKIP
     """
-    from .cluster.launch import launch
+    from .checkpoint.files import ensure_writable
+    from .cluster.launch import checkpoint_dir, launch
     from .worker.preflight import preflight
 
     job = load_spec(spec, overrides)
     search_path = [os.getcwd()]
     add_search_path(search_path)
-    baselines = preflight(job)
-    out = Path(output_dir) if output_dir is not None else Path("runs") / job.name
-    return launch(job, out.resolve(), baselines, search_path, verbose=verbose, worker_logs=worker_logs)
+    checks = preflight(job)
+    out = (Path(output_dir) if output_dir is not None else Path("runs") / job.name).resolve()
+    ensure_writable(checkpoint_dir(job, out))
+    return launch(job, out, checks.baselines, search_path, verbose=verbose, worker_logs=worker_logs)

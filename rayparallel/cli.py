@@ -24,13 +24,22 @@ def _parser() -> argparse.ArgumentParser:
         if name == "train":
             command.add_argument("--output-dir", default=None, help="where result.json and weights go (default runs/NAME)")
             command.add_argument("--worker-logs", action="store_true", help="show the workers' own output (TF, Ray Train)")
+    export = commands.add_parser("export", help="rebuild the base model at a batch size and save it as .keras")
+    export.add_argument("checkpoint", help="a .weights.h5 file or a checkpoint folder (then its best file)")
+    export.add_argument("--batch-size", type=int, default=1, help="batch size of the exported model (default 1)")
+    export.add_argument("--out", required=True, help="output .keras file")
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        if args.command == "validate":
+        if args.command == "export":
+            from .checkpoint.export import export
+
+            path = export(args.checkpoint, args.out, args.batch_size)
+            print(f"exported {args.checkpoint} at batch size {args.batch_size} to {path}")
+        elif args.command == "validate":
             from .api import validate
 
             job = validate(args.job, args.overrides)

@@ -18,6 +18,8 @@ class TrainResult:
     workers: list[dict]
     output_dir: str
     seconds: float
+    checkpoint_dir: str = ""
+    checkpoints: list[str] = field(default_factory=list)
     baselines: dict = field(default_factory=dict)
 
     @property

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import ray
-from ray.train import RunConfig, ScalingConfig
+from ray.train import CheckpointConfig, RunConfig, ScalingConfig
 from ray.train.tensorflow import TensorflowTrainer
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -41,7 +41,7 @@ def _fit(spec: JobSpec, output_dir: Path, baselines: dict, search_path: list[str
     started = time.perf_counter()
     output_dir.mkdir(parents=True, exist_ok=True)
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    actor = CheckpointActor.options(scheduling_strategy=here).remote(spec, str(output_dir), search_path)
+    actor = CheckpointActor.options(scheduling_strategy=here).remote(spec, str(checkpoint_dir(spec, output_dir)), search_path)
     trainer = TensorflowTrainer(
         train_loop_per_worker,
         train_loop_config={"spec": spec, "actor": actor, "search_path": search_path},
@@ -54,6 +54,7 @@ def _fit(spec: JobSpec, output_dir: Path, baselines: dict, search_path: list[str
         run_config=RunConfig(
             name=f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}",
             storage_path=spec.run.storage_path or str((output_dir / "ray_results").resolve()),
+            checkpoint_config=CheckpointConfig(num_to_keep=spec.run.checkpoints_to_keep),
         ),
     )
     outcome: dict = {}
@@ -85,6 +86,10 @@ def _fit(spec: JobSpec, output_dir: Path, baselines: dict, search_path: list[str
     return result
 
 
+def checkpoint_dir(spec: JobSpec, output_dir: Path) -> Path:
+    return Path(spec.checkpoint.dir).resolve() if spec.checkpoint.dir else output_dir / "checkpoints"
+
+
 def _user_error(error: BaseException) -> RayParallelError | None:
     """The user's bad input raised inside a worker, unwrapped from Ray's failure wrappers."""
     failures = getattr(error, "worker_failures", None) or {}
@@ -105,4 +110,6 @@ def _print_summary(result: TrainResult) -> None:
     for name, figures in result.baselines.items():
         print(f"  baseline {name}: {format_logs(figures)}")
     print(f"  weights: {result.final_weights}")
+    if result.checkpoints:
+        print(f"  checkpoints: {len(result.checkpoints)} in {result.checkpoint_dir}")
     print(f"  result:  {Path(result.output_dir) / 'result.json'}")

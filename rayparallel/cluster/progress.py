@@ -17,6 +17,9 @@ class ConsoleProgress:
         self._epoch_shown = 0
 
     def show(self, event: dict) -> None:
+        if event["kind"] == "checkpoint":  # written later by the actor, so no epoch header
+            self._line(("\r" if self._live else "") + f"Epoch {event['epoch']}: saved {event['file']}")
+            return
         if event["epoch"] != self._epoch_shown:
             self._epoch_shown = event["epoch"]
             self._line(f"Epoch {event['epoch']}/{self.epochs}")

@@ -24,6 +24,7 @@ _POSITIVE = {
     "train.epochs",
     "scaling.num_workers",
     "run.collective_timeout_s",
+    "run.checkpoints_to_keep",
 }
 _NON_NEGATIVE = {"train.progress_every_n_steps"}
 
@@ -164,11 +165,24 @@ def _check_values(spec: JobSpec) -> None:
         module, sep, attr = ref.partition(":")
         if not (sep and module and attr):
             raise SpecError(f"{key}: expected 'module:function', received {ref!r}")
+    _check_checkpoint(spec)
     for name, amount in spec.scaling.resources_per_worker.items():
         if not isinstance(amount, (int, float)) or isinstance(amount, bool) or amount < 0:
             raise SpecError(
                 f"scaling.resources_per_worker.{name}: expected a non-negative number, received {describe(amount)}"
             )
+
+
+def _check_checkpoint(spec: JobSpec) -> None:
+    ckpt = spec.checkpoint
+    if not ckpt.filepath.endswith(".weights.h5"):
+        raise SpecError(f"checkpoint.filepath: expected a name ending in '.weights.h5' (Keras weights), received {ckpt.filepath!r}")
+    if "/" in ckpt.filepath or "\\" in ckpt.filepath:
+        raise SpecError(f"checkpoint.filepath: expected a file name (set checkpoint.dir for the folder), received {ckpt.filepath!r}")
+    if isinstance(ckpt.save_freq, int) and ckpt.save_freq <= 0:
+        raise SpecError(f"checkpoint.save_freq: expected 'epoch' or a positive number of steps, received {ckpt.save_freq!r}")
+    if ckpt.keep is not None and ckpt.keep <= 0:
+        raise SpecError(f"checkpoint.keep: expected a positive number of files or null, received {ckpt.keep!r}")
 
 
 def _join(path: str, key: Any) -> str:
@@ -180,4 +194,6 @@ def _type_name(hint: Any) -> str:
              dict: "a mapping", list: "a list", type(None): "null"}
     if typing.get_origin(hint) in (Union, types.UnionType):
         return " or ".join(_type_name(h) for h in typing.get_args(hint))
+    if typing.get_origin(hint) is Literal:
+        return " or ".join(repr(choice) for choice in typing.get_args(hint))
     return names.get(typing.get_origin(hint) or hint, getattr(hint, "__name__", str(hint)))

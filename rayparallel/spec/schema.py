@@ -64,6 +64,27 @@ class RunSpec:
 
     storage_path: Union[str, None] = None
     collective_timeout_s: float = 600.0
+    checkpoints_to_keep: int = 2  # Ray's CheckpointConfig(num_to_keep) for resume state
+
+
+@dataclass
+class CheckpointSpec:
+    """Keras `ModelCheckpoint` semantics for the base model's weights.
+
+    `filepath` is formatted with `epoch` (1-based), `step` (global), `batch` (in the epoch)
+    and any global metric of the moment, e.g. "{epoch:02d}-{val_loss:.4f}.weights.h5".
+    `keep` keeps the best k files by `monitor` plus the latest; `save_freq` is "epoch" or a
+    number of steps.
+    """
+
+    dir: Union[str, None] = None  # default <output dir>/checkpoints
+    filepath: str = "epoch-{epoch:03d}.weights.h5"
+    monitor: str = "val_loss"
+    mode: Literal["auto", "min", "max"] = "auto"
+    save_best_only: bool = False
+    save_freq: Union[Literal["epoch"], int] = "epoch"
+    keep: Union[int, None] = None
+    enabled: bool = True
 
 
 @dataclass
@@ -76,6 +97,7 @@ class JobSpec:
     train: TrainSpec
     scaling: ScalingSpec = field(default_factory=ScalingSpec)
     run: RunSpec = field(default_factory=RunSpec)
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
 
     @property
     def per_worker_batch_size(self) -> int:

@@ -3,7 +3,8 @@
 Order matters: the strategy is created before any other TensorFlow op (MWMS requires
 it), the replica and optimizer are built inside its scope, and every rank takes part in
 every collective (steps, progress reductions, epoch figures, weight reads) the same number
-of times, otherwise the collectives hang.
+of times, otherwise the collectives hang. Decisions that gate a collective (progress
+steps, checkpoint saves) are computed identically on every rank from global figures.
 """
 
 from __future__ import annotations
@@ -12,87 +13,134 @@ import os
 import time
 from typing import Any
 
+from ..checkpoint.client import CheckpointClient
+from ..checkpoint.policy import Policy
 from ..spec import JobSpec
 from ..spec.references import add_search_path
-from . import replica, shards
+from . import replica, resume, shards
 from .step import EpochFigures, Steps
 from .sync import Reducer, configure_threads, make_strategy
 
 
 def train_loop_per_worker(config: dict) -> None:
     """Entry point handed to `TensorflowTrainer(train_loop_per_worker=...)`."""
-    import ray.train
-
-    spec: JobSpec = config["spec"]
-    actor = config["actor"]
     add_search_path(config["search_path"])
-    context = ray.train.get_context()
-    rank, world = context.get_world_rank(), context.get_world_size()
+    WorkerRun(config["spec"], config["actor"]).fit()
 
-    configure_threads(spec.scaling.resources_per_worker.get("CPU", 1))
-    strategy = make_strategy(spec.scaling.use_gpu, spec.run.collective_timeout_s)
 
-    import keras
-    import tensorflow as tf
+class WorkerRun:
+    def __init__(self, spec: JobSpec, actor: Any):
+        import ray
+        import ray.train
 
-    keras.utils.set_random_seed(spec.train.seed)
-    batch, per_worker = spec.train.global_batch_size, spec.per_worker_batch_size
-    data = shards.load_data(spec.data, batch)
-    with strategy.scope():
-        model = replica.build_replica(spec.model, per_worker)
-        optimizer = replica.make_optimizer(spec.train.optimizer)
-    loss_rows = replica.per_sample_loss(spec.train.loss)
-    metrics = replica.make_metrics(spec.train.metrics, spec.train.loss, data.train.y, tuple(model.outputs[0].shape))
-    steps = Steps(strategy, model, optimizer, loss_rows, metrics, batch)
-    figures = EpochFigures(steps, Reducer(strategy))
-    stateful = replica.stateful_layers(model)
+        context = ray.train.get_context()
+        self.rank, self.world = context.get_world_rank(), context.get_world_size()
+        self.spec, self.actor = spec, actor
+        configure_threads(spec.scaling.resources_per_worker.get("CPU", 1))
+        self.strategy = make_strategy(spec.scaling.use_gpu, spec.run.collective_timeout_s)
 
-    actor.register_worker.remote({
-        "rank": rank,
-        "node_id": ray.get_runtime_context().get_node_id(),
-        "batch_shape": replica.batch_shapes(model),
-        "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-        "pid": os.getpid(),
-    })
+        import keras
+        import tensorflow as tf
 
-    train_steps = shards.steps_per_epoch(data.train.rows, batch)
-    every = spec.train.progress_every_n_steps or max(1, train_steps // 10)
-    for epoch in range(spec.train.epochs):
-        replica.reset_states(stateful)
-        steps.reset()
+        self.tf = tf
+        keras.utils.set_random_seed(spec.train.seed)
+        self.batch, self.per_worker = spec.train.global_batch_size, spec.per_worker_batch_size
+        self.data = shards.load_data(spec.data, self.batch)
+        with self.strategy.scope():
+            self.model = replica.build_replica(spec.model, self.per_worker)
+            self.optimizer = replica.make_optimizer(spec.train.optimizer)
+        metrics = replica.make_metrics(spec.train.metrics, spec.train.loss, self.data.train.y,
+                                       tuple(self.model.outputs[0].shape))
+        self.steps = Steps(self.strategy, self.model, self.optimizer, replica.per_sample_loss(spec.train.loss),
+                           metrics, self.batch)
+        self.figures = EpochFigures(self.steps, Reducer(self.strategy))
+        self.stateful = replica.stateful_layers(self.model)
+        self.steps_per_epoch = shards.steps_per_epoch(self.data.train.rows, self.batch)
+        self.policy = Policy(spec.checkpoint)
+        self.client = CheckpointClient(actor) if self.rank == 0 else None
+
+        meta = resume.restore(ray.train.get_checkpoint(), self.strategy, self.model, self.optimizer)
+        self.start_epoch = meta["epoch"] if meta else 0
+        self.policy.best = ray.get(actor.best_value.remote())
+        actor.register_worker.remote({
+            "rank": self.rank,
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "batch_shape": replica.batch_shapes(self.model),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "pid": os.getpid(),
+            "resumed_from_epoch": self.start_epoch,
+        })
+
+    def fit(self) -> None:
+        import ray.train
+
+        logs: dict = {}
+        for epoch in range(self.start_epoch + 1, self.spec.train.epochs + 1):
+            started = time.perf_counter()
+            logs = self.train_epoch(epoch)
+            seconds = time.perf_counter() - started
+            logs["samples_per_s"] = self.steps_per_epoch * self.batch / seconds
+            if self.data.val is not None:
+                logs.update(self.evaluate())
+            if self.rank == 0:
+                self.actor.end_epoch.remote(epoch, logs, seconds)
+            weights, optimizer_values = resume.snapshot(self.model, self.optimizer)
+            if self.spec.checkpoint.save_freq == "epoch":
+                self.save(weights, epoch, epoch * self.steps_per_epoch, self.steps_per_epoch, logs)
+            checkpoint = None
+            if self.rank == 0:
+                checkpoint = resume.to_checkpoint(weights, optimizer_values, {"epoch": epoch})
+            ray.train.report(dict(logs, epoch=epoch), checkpoint=checkpoint)
+
+        weights = self.model.get_weights()  # every rank reads, see resume.snapshot
+        if self.rank == 0:
+            self.client.flush()
+            ray.get(self.actor.save_final_weights.remote(weights, self.spec.train.epochs,
+                                                         self.spec.train.epochs * self.steps_per_epoch, logs))
+
+    def train_epoch(self, epoch: int) -> dict:
+        spec, steps_per_epoch = self.spec, self.steps_per_epoch
+        replica.reset_states(self.stateful)
+        self.steps.reset()
+        every = spec.train.progress_every_n_steps or max(1, steps_per_epoch // 10)
+        save_every = spec.checkpoint.save_freq if isinstance(spec.checkpoint.save_freq, int) else 0
         started = time.perf_counter()
-        order = shards.epoch_order(data.train.rows, epoch, spec.data.layout, spec.train.seed)
-        rows = shards.worker_rows(order, batch, rank, world)
-        for step, (x, y) in enumerate(_batches(tf, data.train, rows, per_worker), start=1):
-            steps.train_step(x, y)
-            if step % every == 0 and step < train_steps:
-                loss = figures.running_loss(step)  # a collective: every rank calls it
-                if rank == 0:
-                    elapsed = time.perf_counter() - started
-                    actor.log_progress.remote(epoch + 1, step, train_steps, loss, step * batch / elapsed)
-        logs = figures.collect(train_steps)
-        seconds = time.perf_counter() - started
-        logs["samples_per_s"] = train_steps * batch / seconds
+        order = shards.epoch_order(self.data.train.rows, epoch - 1, spec.data.layout, spec.train.seed)
+        rows = shards.worker_rows(order, self.batch, self.rank, self.world)
+        for step, (x, y) in enumerate(self._batches(self.data.train, rows), start=1):
+            self.steps.train_step(x, y)
+            global_step = (epoch - 1) * steps_per_epoch + step
+            if step < steps_per_epoch and step % every == 0:
+                loss = self.figures.running_loss(step)  # a collective: every rank calls it
+                if self.rank == 0:
+                    rate = step * self.batch / (time.perf_counter() - started)
+                    self.actor.log_progress.remote(epoch, step, steps_per_epoch, loss, rate)
+            if save_every and global_step % save_every == 0:
+                running = {"loss": self.figures.running_loss(step)}
+                self.save(self.model.get_weights(), epoch, global_step, step, running)
+        return self.figures.collect(steps_per_epoch)
 
-        if data.val is not None:
-            replica.reset_states(stateful)
-            steps.reset()
-            val_rows = shards.worker_rows(shards.epoch_order(data.val.rows, 0, "streams", 0), batch, rank, world)
-            for x, y in _batches(tf, data.val, val_rows, per_worker):
-                steps.eval_step(x, y)
-            logs.update(figures.collect(shards.steps_per_epoch(data.val.rows, batch), prefix="val_"))
-            replica.reset_states(stateful)
+    def evaluate(self) -> dict:
+        """Validation on every worker's own rows; states reset before and after."""
+        replica.reset_states(self.stateful)
+        self.steps.reset()
+        val = self.data.val
+        rows = shards.worker_rows(shards.epoch_order(val.rows, 0, "streams", 0), self.batch, self.rank, self.world)
+        for x, y in self._batches(val, rows):
+            self.steps.eval_step(x, y)
+        replica.reset_states(self.stateful)
+        return self.figures.collect(shards.steps_per_epoch(val.rows, self.batch), prefix="val_")
 
-        if rank == 0:
-            actor.end_epoch.remote(epoch + 1, logs, seconds)
-        ray.train.report(dict(logs, epoch=epoch + 1))
+    def save(self, weights: list, epoch: int, step: int, batch: int, metrics: dict) -> None:
+        """Same decision on every rank (global figures); only rank 0 ships the weights."""
+        if not self.spec.checkpoint.enabled or not self.policy.should_save(metrics):
+            return
+        self.policy.note(metrics)
+        if self.client is not None:
+            self.client.save(weights, epoch, step, batch, metrics)
 
-    weights = [w for w in model.get_weights()]  # every rank reads: sync-on-read variables reduce
-    if rank == 0:
-        ray.get(actor.save_final_weights.remote(weights))
-
-
-def _batches(tf: Any, split: shards.Split, rows: Any, per_worker: int) -> Any:
-    """This worker's rows as full per-worker batches, prefetched."""
-    dataset = tf.data.Dataset.from_tensor_slices((shards.take(split.x, rows), split.y[rows]))
-    return dataset.batch(per_worker, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    def _batches(self, split: shards.Split, rows: Any) -> Any:
+        """This worker's rows as full per-worker batches, prefetched."""
+        tf = self.tf
+        dataset = tf.data.Dataset.from_tensor_slices((shards.take(split.x, rows), split.y[rows]))
+        return dataset.batch(self.per_worker, drop_remainder=True).prefetch(tf.data.AUTOTUNE)

@@ -1,26 +1,36 @@
 """The workers' own checks, run once in the driver before Ray starts any worker.
 
-A bad builder, loader or data set then fails in seconds with one line, instead of after a
-cluster start-up with a worker traceback. The same functions run again in every worker.
+A bad builder, loader, data set or checkpoint template then fails in seconds with one line,
+instead of after a cluster start-up with a worker traceback. The same functions run again in
+every worker.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
+from ..checkpoint.policy import check_against_metrics
 from ..spec import JobSpec
 from . import replica, shards
 
 
-def preflight(spec: JobSpec) -> dict:
-    """Load the data, build the replica at the per-worker batch, resolve optimizer/loss/metrics.
+@dataclass
+class Preflight:
+    baselines: dict  # the loader's figures to print beside the model's
+    epoch_keys: list[str]  # the history keys each epoch will have
 
-    Returns the loader's `baselines` (figures to print beside the model's).
-    """
+
+def preflight(spec: JobSpec) -> Preflight:
+    """Load the data, build the replica at the per-worker batch, resolve optimizer/loss/metrics."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     data = shards.load_data(spec.data, spec.train.global_batch_size)
     model = replica.build_replica(spec.model, spec.per_worker_batch_size)
     replica.make_optimizer(spec.train.optimizer)
     replica.per_sample_loss(spec.train.loss)
-    replica.make_metrics(spec.train.metrics, spec.train.loss, data.train.y, tuple(model.outputs[0].shape))
-    return data.baselines
+    metrics = replica.make_metrics(spec.train.metrics, spec.train.loss, data.train.y, tuple(model.outputs[0].shape))
+    train_keys = ["loss"] + [m.name for m in metrics]
+    keys = train_keys + ["samples_per_s"] + ([f"val_{k}" for k in train_keys] if data.val is not None else [])
+    if spec.checkpoint.enabled:
+        check_against_metrics(spec.checkpoint, epoch_keys=keys, step_keys=["loss"])
+    return Preflight(baselines=data.baselines, epoch_keys=keys)

@@ -1,0 +1,154 @@
+"""Checkpoints: template names, keep rules, export at batch 1, writes off the training step."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+import rayparallel
+from rayparallel.errors import RayParallelError
+
+from .conftest import cli
+
+LSTM = {
+    "name": "ckpt-lstm",
+    "model": {"builder": "tests.models:stateful_lstm"},
+    "data": {"loader": "tests.models:sine_streams", "layout": "streams"},
+    "train": {"global_batch_size": 6, "epochs": 4, "optimizer": {"class_name": "Adam", "config": {"learning_rate": 0.02}},
+              "metrics": ["mae"], "seed": 3},
+    "scaling": {"num_workers": 2},
+    "checkpoint": {"filepath": "lstm-{epoch:02d}-{val_loss:.4f}-{val_mae:.4f}.weights.h5", "monitor": "val_loss",
+                   "mode": "min", "keep": 1},
+}
+
+
+@pytest.fixture(scope="module")
+def trained(ray_address, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ckpt")
+    return rayparallel.train(LSTM, output_dir=out, verbose=False)
+
+
+@pytest.mark.slow
+def test_files_named_by_template_and_kept_by_rule(trained):
+    folder = trained.checkpoint_dir
+    manifest = json.loads(open(f"{folder}/manifest.json").read())
+    history = trained.history
+    best_epoch = int(np.argmin([h["val_loss"] for h in history])) + 1
+    expected = {f"lstm-{e:02d}-{history[e - 1]['val_loss']:.4f}-{history[e - 1]['val_mae']:.4f}.weights.h5"
+                for e in {best_epoch, len(history)}}  # keep: 1 -> the best one plus the latest
+    import os
+
+    on_disk = {f for f in os.listdir(folder) if f.endswith(".weights.h5") and f != "final.weights.h5"}
+    assert on_disk == expected
+    assert {c["file"] for c in manifest["checkpoints"]} == expected
+    assert manifest["best"].startswith(f"lstm-{best_epoch:02d}-")
+    assert manifest["model"]["builder"] == "tests.models:stateful_lstm"
+    assert manifest["model"]["trained_batch_size"] == 3
+    assert not [f for f in os.listdir(folder) if ".partial-" in f]
+
+
+@pytest.mark.slow
+def test_export_at_batch_1_streams_like_the_training_replica(trained, tmp_path):
+    import keras
+
+    from tests.models import sine_streams, stateful_lstm
+
+    out = tmp_path / "lstm.keras"
+    run = cli("export", trained.checkpoint_dir, "--batch-size", "1", "--out", str(out))
+    assert run.returncode == 0, run.stderr[-2000:]
+    streaming = keras.models.load_model(out)
+    assert streaming.inputs[0].shape[0] == 1
+
+    data = sine_streams(6)
+    replica = stateful_lstm(batch_size=3)  # worker 0's replica: streams 0, 1, 2
+    best = json.loads(open(f"{trained.checkpoint_dir}/manifest.json").read())["best"]
+    replica.load_weights(f"{trained.checkpoint_dir}/{best}")
+    x = data["x_train"].reshape(-1, 6, 5, 2)  # [window, stream, time, feature]
+    replica_out = np.stack([replica.predict_on_batch(x[t, 0:3])[1] for t in range(len(x))])  # stream 1
+    stream_out = np.stack([streaming.predict_on_batch(x[t, 1:2])[0] for t in range(len(x))])
+    error = float(np.max(np.abs(replica_out - stream_out)))
+    print(f"export: batch-1 stream vs training replica, max abs error {error:.2e}")
+    assert error < 1e-5
+
+    same = rayparallel.load_model(trained.checkpoint_dir, batch_size=1)
+    assert all(np.array_equal(a, b) for a, b in zip(same.get_weights(), streaming.get_weights()))
+
+
+@pytest.mark.slow
+def test_export_errors_are_one_line(trained, tmp_path):
+    with pytest.raises(RayParallelError, match="expected a .weights.h5 file or a checkpoint folder, received .*missing"):
+        rayparallel.load_model(tmp_path / "missing")
+    corrupt = tmp_path / "c"
+    corrupt.mkdir()
+    (corrupt / "manifest.json").write_text(open(f"{trained.checkpoint_dir}/manifest.json").read())
+    (corrupt / "x.weights.h5").write_bytes(b"not hdf5")
+    with pytest.raises(RayParallelError, match="expected a Keras .weights.h5 \\(HDF5\\) file, received .*corrupt or not HDF5"):
+        rayparallel.load_model(corrupt / "x.weights.h5")
+    manifest = json.loads(open(f"{trained.checkpoint_dir}/manifest.json").read())
+    manifest["model"]["kwargs"] = {"units": 9}  # the builder no longer matches the weights
+    (corrupt / "manifest.json").write_text(json.dumps(manifest))
+    (corrupt / "w.weights.h5").write_bytes(open(trained.final_weights, "rb").read())
+    with pytest.raises(RayParallelError, match="expected weights matching the model of tests.models:stateful_lstm"):
+        rayparallel.load_model(corrupt / "w.weights.h5")
+    run = cli("export", str(tmp_path / "missing"), "--out", str(tmp_path / "m.keras"))
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "not found" in run.stderr
+
+
+@pytest.mark.slow
+def test_slow_writes_do_not_hold_the_step_loop(ray_address, tmp_path):
+    import ray
+
+    from rayparallel.checkpoint.actor import CheckpointWriter
+    from rayparallel.checkpoint.client import CheckpointClient
+    from rayparallel.spec import load_spec
+    from tests.models import small_cnn
+
+    class SlowWriter(CheckpointWriter):  # a disk that takes 2 s per file
+        def _write(self, weights, path):
+            time.sleep(2.0)
+            super()._write(weights, path)
+
+    spec = load_spec({"name": "slow", "model": {"builder": "tests.models:small_cnn"},
+                      "data": {"loader": "tests.models:blobs"}, "train": {"global_batch_size": 8}})
+    actor = ray.remote(num_cpus=0, concurrency_groups={"io": 1})(SlowWriter).remote(spec, str(tmp_path), ["."])
+    client = CheckpointClient(actor)
+    weights = small_cnn().get_weights()
+
+    started = time.perf_counter()
+    client.save(weights, 1, 1, 1, {"loss": 1.0})
+    handed_over = time.perf_counter() - started
+    steps_during_write = 0
+    while time.perf_counter() - started < 1.0:  # the "training steps" go on
+        np.linalg.svd(np.random.rand(64, 64))
+        steps_during_write += 1
+    assert not (tmp_path / "epoch-001.weights.h5").exists()  # still being written
+    client.flush()
+    assert (tmp_path / "epoch-001.weights.h5").exists()
+    print(f"slow writes: save handed over in {handed_over * 1000:.0f} ms, {steps_during_write} steps ran during a 2 s write")
+    assert handed_over < 0.5 and steps_during_write > 10
+
+    started = time.perf_counter()  # backpressure: a third save in flight waits for the oldest
+    for epoch in (2, 3, 4):
+        client.save(weights, epoch, epoch, 1, {"loss": 1.0})
+    assert time.perf_counter() - started > 1.0
+    client.flush()
+    ray.kill(actor)
+
+
+def test_unwritable_checkpoint_dir_fails_before_training(tmp_path):
+    import os
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(RayParallelError, match=f"checkpoint.dir: expected a writable folder with free space, received '{blocker}"):
+        rayparallel.train(dict(LSTM, checkpoint={"dir": str(blocker / "ckpt")}), output_dir=tmp_path / "o", verbose=False)
+    assert blocker.read_text() == "not a folder" and not os.path.exists(tmp_path / "o" / "result.json")
+
+
+def test_template_with_unknown_metric_fails_before_training(tmp_path):
+    spec = dict(LSTM, checkpoint={"filepath": "m-{epoch:02d}-{val_iou:.4f}.weights.h5"})
+    with pytest.raises(RayParallelError, match=r"checkpoint.filepath: expected fields among .*received \{val_iou\}"):
+        rayparallel.validate(spec)

@@ -1,0 +1,64 @@
+"""ModelCheckpoint rules: names, best-only, keep, template checks (pure logic)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rayparallel.checkpoint.policy import Policy, Saved, check_against_metrics, resolve_mode
+from rayparallel.errors import SpecError
+from rayparallel.spec import CheckpointSpec
+
+
+def saved(policy: Policy, epoch: int, **metrics) -> list[str]:
+    name = policy.filename(epoch, epoch * 10, 10, metrics)
+    dropped = policy.record(Saved(file=name, epoch=epoch, step=epoch * 10, metrics=metrics))
+    return [d.file for d in dropped]
+
+
+def test_filename_uses_keras_template_fields():
+    policy = Policy(CheckpointSpec(filepath="unet-{epoch:02d}-{val_loss:.4f}-{val_iou:.4f}.weights.h5"))
+    assert policy.filename(3, 30, 10, {"val_loss": 0.123456, "val_iou": 0.5}) == "unet-03-0.1235-0.5000.weights.h5"
+
+
+def test_auto_mode_follows_keras():
+    assert resolve_mode("val_loss", "auto") == "min"
+    assert resolve_mode("val_accuracy", "auto") == "max"
+    assert resolve_mode("val_iou", "auto") == "max"
+    assert resolve_mode("val_accuracy", "min") == "min"
+
+
+def test_save_best_only_saves_only_improvements():
+    policy = Policy(CheckpointSpec(save_best_only=True, monitor="val_loss"))
+    decisions = []
+    for epoch, value in enumerate([0.5, 0.6, 0.4, 0.4, float("nan"), 0.3], start=1):
+        metrics = {"val_loss": value}
+        decisions.append(policy.should_save(metrics))
+        if decisions[-1]:
+            saved(policy, epoch, **metrics)
+    assert decisions == [True, False, True, False, False, True]
+    assert policy.best == 0.3
+
+
+def test_keep_best_k_plus_latest():
+    policy = Policy(CheckpointSpec(filepath="e{epoch}.weights.h5", monitor="val_accuracy", keep=2))
+    assert saved(policy, 1, val_accuracy=0.5) == []
+    assert saved(policy, 2, val_accuracy=0.9) == []
+    assert saved(policy, 3, val_accuracy=0.7) == ["e1.weights.h5"]
+    assert saved(policy, 4, val_accuracy=0.6) == []  # latest kept although not in the best 2
+    assert sorted(s.file for s in policy.saved) == ["e2.weights.h5", "e3.weights.h5", "e4.weights.h5"]
+    assert saved(policy, 5, val_accuracy=0.95) == ["e3.weights.h5", "e4.weights.h5"]
+    assert sorted(s.file for s in policy.saved) == ["e2.weights.h5", "e5.weights.h5"]
+    assert policy.best_entry().file == "e5.weights.h5"
+
+
+def test_template_naming_unknown_metric_is_rejected():
+    keys = ["loss", "accuracy", "val_loss", "val_accuracy"]
+    spec = CheckpointSpec(filepath="m-{epoch:02d}-{val_iou:.3f}.weights.h5")
+    with pytest.raises(SpecError, match=r"checkpoint.filepath: expected fields among \[.*'val_loss'.*\] \(figures at epoch end\), received \{val_iou\}"):
+        check_against_metrics(spec, keys, ["loss"])
+    step_spec = CheckpointSpec(filepath="m-{step}-{val_loss}.weights.h5", save_freq=5)
+    with pytest.raises(SpecError, match=r"\(figures every 5 steps\), received \{val_loss\}"):
+        check_against_metrics(step_spec, keys, ["loss"])
+    with pytest.raises(SpecError, match="checkpoint.monitor: expected one of"):
+        check_against_metrics(CheckpointSpec(monitor="val_iou", save_best_only=True), keys, ["loss"])
+    check_against_metrics(CheckpointSpec(filepath="m-{epoch}-{val_accuracy:.2f}.weights.h5"), keys, ["loss"])

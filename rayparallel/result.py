@@ -21,6 +21,7 @@ class TrainResult:
     checkpoint_dir: str = ""
     checkpoints: list[str] = field(default_factory=list)
     baselines: dict = field(default_factory=dict)
+    mlflow: dict = field(default_factory=dict)  # run_id, url, tracking_uri; `unlogged` if any
 
     @property
     def final(self) -> dict[str, float]:

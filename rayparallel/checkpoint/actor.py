@@ -1,4 +1,4 @@
-"""The checkpoint actor: the one process that writes the run's files.
+"""The checkpoint actor: the one process that writes the run's files and owns its MLflow run.
 
 Rank 0 hands it the base model's weights (NumPy arrays through Ray's object store) and the
 global figures of each epoch; every rank registers itself once. The actor rebuilds the base
@@ -6,7 +6,10 @@ architecture with the user's builder (any batch size loads the same weights), so
 writes is a plain Keras `.weights.h5` of the base model: never a wrapper, never one file
 per worker. Writes run in the actor's own `io` thread, in order, while training goes on;
 progress and history calls use another thread so the console stays live during a write.
-It is pinned to the driver's node, so the paths it writes are the driver's paths.
+It is pinned to the driver's node and works in the driver's folder, so the paths it writes
+(and MLflow's default sqlite store) are the driver's. Tracking calls only queue records for
+the MLflow thread (see `tracking.mlflow_run`), so a slow or absent server never holds up
+training.
 """
 
 from __future__ import annotations
@@ -21,15 +24,19 @@ import ray
 from ..spec import JobSpec
 from ..spec.references import add_search_path
 from .files import write_weights
-from .manifest import model_recipe, write_manifest
+from ..tracking.mlflow_run import MlflowRun
+from ..tracking.params import run_params, worker_tags
+from .manifest import MANIFEST, model_recipe, write_manifest
 from .policy import Policy, Saved
 
 FINAL = "final.weights.h5"
 
 
 class CheckpointWriter:
-    def __init__(self, spec: JobSpec, checkpoint_dir: str, search_path: list[str]):
+    def __init__(self, spec: JobSpec, checkpoint_dir: str, search_path: list[str], tracking: Optional[dict] = None):
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        if search_path and os.path.isdir(search_path[0]):
+            os.chdir(search_path[0])
         add_search_path(search_path)
         self._spec = spec
         self._dir = Path(checkpoint_dir)
@@ -40,22 +47,34 @@ class CheckpointWriter:
         self._workers: dict[int, dict] = {}
         self._policy = Policy(spec.checkpoint)
         self._final: Optional[Saved] = None
+        self._final_values: Optional[list] = None
         self._recipe: Optional[dict] = None
+        self._tracking: Optional[MlflowRun] = None
+        if tracking:
+            self._tracking = MlflowRun(notify=self._warn, **tracking)
+            self._tracking.log_params(run_params(spec))
 
     # -- from the workers -------------------------------------------------------------
     def register_worker(self, info: dict) -> None:
         with self._lock:
             self._workers[info["rank"]] = info
+            complete = len(self._workers) == self._spec.scaling.num_workers
+        if complete and self._tracking:
+            self._tracking.set_tags(worker_tags(self._workers.values()))
 
     def log_progress(self, epoch: int, step: int, steps: int, loss: float, samples_per_s: float) -> None:
         with self._lock:
             self._events.append({"kind": "progress", "epoch": epoch, "step": step, "steps": steps,
                                  "loss": loss, "samples_per_s": samples_per_s})
+        if self._tracking and self._spec.mlflow.log_step_loss:
+            self._tracking.log_metrics({"step_loss": loss}, step=(epoch - 1) * steps + step)
 
     def end_epoch(self, epoch: int, logs: dict, seconds: float) -> None:
         with self._lock:
             self._history[epoch] = dict(logs)  # keyed: a resumed epoch replaces its first try
             self._events.append({"kind": "epoch", "epoch": epoch, "logs": dict(logs), "seconds": seconds})
+        if self._tracking:
+            self._tracking.log_metrics(logs, step=epoch)
 
     def best_value(self) -> Optional[float]:
         """The monitor's best so far, so a restarted rank 0 keeps `save_best_only` right."""
@@ -74,16 +93,40 @@ class CheckpointWriter:
         self._write_manifest()
         with self._lock:
             self._events.append({"kind": "checkpoint", "epoch": epoch, "file": str(self._dir / name)})
+        self._track_files(self._dir / name)
         return str(self._dir / name)
 
     @ray.method(concurrency_group="io")
     def save_final_weights(self, weights: list, epoch: int, step: int, metrics: dict) -> str:
         self._write(weights, self._dir / FINAL)
         self._final = Saved(file=FINAL, epoch=epoch, step=step, metrics=dict(metrics))
+        self._final_values = weights
         self._write_manifest()
+        self._track_files(self._dir / FINAL)
         return str(self._dir / FINAL)
 
     # -- from the driver ----------------------------------------------------------------
+    def tracking_info(self, timeout: float) -> Optional[dict]:
+        """The MLflow run once it exists (waits up to `timeout`); None when tracking is off."""
+        if not self._tracking:
+            return None
+        started = self._tracking.wait_started(timeout)
+        return {"run_id": self._tracking.run_id, "url": self._tracking.url(), "started": started,
+                "tracking_uri": self._tracking.tracking_uri, "experiment": self._tracking.experiment}
+
+    def finish(self, status: str, files: list[str]) -> Optional[dict]:
+        """Log the run's last files and the final model, end the run as `status`."""
+        if not self._tracking:
+            return None
+        for path in files:
+            self._tracking.log_artifact(path)
+        if self._final_values is not None and status == "FINISHED":
+            self._tracking.log_model(self._exported_model, self._spec.mlflow.register_model)
+        unlogged = self._tracking.finish(status, self._spec.mlflow.flush_timeout_s)
+        info = self.tracking_info(0)
+        info.update(unlogged=unlogged, unlogged_path=str(self._tracking.unlogged_path) if unlogged else None)
+        return info
+
     def drain(self) -> list[dict]:
         with self._lock:
             events, self._events = self._events, []
@@ -100,6 +143,23 @@ class CheckpointWriter:
     # -- internals ----------------------------------------------------------------------
     def _write(self, weights: list, path: Path) -> None:
         write_weights(self._base_model(), weights, path)
+
+    def _warn(self, text: str) -> None:
+        with self._lock:
+            self._events.append({"kind": "warning", "text": text})
+
+    def _track_files(self, weights_file: Path) -> None:
+        if self._tracking:
+            self._tracking.log_artifact(str(weights_file), "checkpoints")
+            self._tracking.log_artifact(str(self._dir / MANIFEST), "checkpoints")
+
+    def _exported_model(self) -> Any:
+        """The base model rebuilt at `mlflow.model_batch_size` with the final weights."""
+        from ..worker.replica import build_replica
+
+        model = build_replica(self._spec.model, self._spec.mlflow.model_batch_size)
+        model.set_weights(self._final_values)
+        return model
 
     def _write_manifest(self) -> None:
         if self._recipe is None:

@@ -1,30 +1,53 @@
 """Rank 0's side of checkpointing: hand the weights over and keep training.
 
-`save` returns as soon as the weights are in Ray's object store; the actor writes them in
-its own thread. At most `max_pending` saves are in flight: beyond that the loop waits for the
-oldest, so a slow disk cannot pile copies of the model up in memory. A failed write
-surfaces here, at the next save or at `flush`, as the actor's one-line error.
+The training loop only pays for a snapshot of the weights (tensors that later steps do not
+change, see `worker.resume.snapshot`). Converting them to NumPy, copying them into Ray's
+object store and calling the actor happen in one background thread, and the actor writes
+the file in its own process. At most
+`max_pending` saves are in flight: beyond that the loop waits for the oldest, so a slow disk
+cannot pile copies of the model up in memory. A failed write surfaces here, at the next
+save or at `flush`, as the actor's one-line error.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import ray
 
 
 class CheckpointClient:
     def __init__(self, actor: Any, max_pending: int = 2):
         self._actor, self._max_pending = actor, max_pending
-        self._pending: list = []
+        self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rayparallel-ckpt")
+        self._pending: list[Future] = []
 
     def save(self, weights: list, epoch: int, step: int, batch: int, metrics: dict) -> None:
-        self._pending.append(self._actor.save_checkpoint.remote(weights, epoch, step, batch, metrics))
-        done, self._pending = ray.wait(self._pending, num_returns=len(self._pending), timeout=0)
-        ray.get(done)  # raises a failed write's error
+        """Returns at once; `weights` are tensors or arrays that nothing modifies afterwards."""
+        self._pending.append(self._sender.submit(self._send, weights, epoch, step, batch, dict(metrics)))
+        while self._pending and self._done(self._pending[0]):
+            self._wait(self._pending.pop(0))  # raises a failed write's error
         while len(self._pending) > self._max_pending:
-            ray.get(self._pending.pop(0))
+            self._wait(self._pending.pop(0))
 
     def flush(self) -> None:
         pending, self._pending = self._pending, []
-        ray.get(pending)
+        for future in pending:
+            self._wait(future)
+
+    def _send(self, weights: list, epoch: int, step: int, batch: int, metrics: dict) -> Any:
+        arrays = [np.asarray(w) for w in weights]
+        return self._actor.save_checkpoint.remote(arrays, epoch, step, batch, metrics)
+
+    @staticmethod
+    def _done(future: Future) -> bool:
+        if not future.done():
+            return False
+        ready, _ = ray.wait([future.result()], timeout=0)
+        return bool(ready)
+
+    @staticmethod
+    def _wait(future: Future) -> None:
+        ray.get(future.result())

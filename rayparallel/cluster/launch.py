@@ -10,6 +10,9 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any, Optional
+
+import yaml
 
 import ray
 from ray.train import CheckpointConfig, RunConfig, ScalingConfig
@@ -40,8 +43,16 @@ def launch(spec: JobSpec, output_dir: Path, baselines: dict, search_path: list[s
 def _fit(spec: JobSpec, output_dir: Path, baselines: dict, search_path: list[str], verbose: bool) -> TrainResult:
     started = time.perf_counter()
     output_dir.mkdir(parents=True, exist_ok=True)
+    job_file = output_dir / "job.yaml"
+    job_file.write_text(yaml.safe_dump(spec.to_dict(), sort_keys=False))
+    ray_run_name = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    actor = CheckpointActor.options(scheduling_strategy=here).remote(spec, str(checkpoint_dir(spec, output_dir)), search_path)
+    actor = CheckpointActor.options(scheduling_strategy=here).remote(
+        spec, str(checkpoint_dir(spec, output_dir)), search_path, _tracking_config(spec, output_dir, ray_run_name))
+    say = print if verbose else (lambda *_: None)
+    tracking = ray.get(actor.tracking_info.remote(10.0))
+    if tracking:
+        say(_tracking_line("started", tracking))
     trainer = TensorflowTrainer(
         train_loop_per_worker,
         train_loop_config={"spec": spec, "actor": actor, "search_path": search_path},
@@ -52,38 +63,70 @@ def _fit(spec: JobSpec, output_dir: Path, baselines: dict, search_path: list[str
             placement_strategy=spec.scaling.placement_strategy,
         ),
         run_config=RunConfig(
-            name=f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}",
+            name=ray_run_name,
             storage_path=spec.run.storage_path or str((output_dir / "ray_results").resolve()),
             checkpoint_config=CheckpointConfig(num_to_keep=spec.run.checkpoints_to_keep),
         ),
     )
+    error = _run_with_progress(trainer, actor, ConsoleProgress(spec.train.epochs) if verbose else None)
+    if error is not None:
+        ray.get(actor.finish.remote("FAILED", [str(job_file)]))
+        ray.kill(actor)
+        raise _user_error(error) or error
+
+    summary = ray.get(actor.summary.remote())
+    result = TrainResult(name=spec.name, output_dir=str(output_dir), seconds=time.perf_counter() - started,
+                         baselines=baselines, mlflow=tracking or {}, **summary)
+    result_file = result.write()
+    if tracking:
+        result.mlflow = ray.get(actor.finish.remote("FINISHED", [str(job_file), str(result_file)]))
+        result.write()
+    ray.kill(actor)
+    if verbose:
+        _print_summary(result)
+    return result
+
+
+def _run_with_progress(trainer: TensorflowTrainer, actor: Any, progress: Optional[ConsoleProgress]) -> Optional[BaseException]:
+    """`trainer.fit()` in a thread; this thread prints the actor's events until it ends."""
     outcome: dict = {}
 
     def fit() -> None:
         try:
             trainer.fit()
-        except BaseException as exc:  # re-raised in the caller's thread
+        except BaseException as exc:  # handed to the caller's thread
             outcome["error"] = exc
 
     thread = threading.Thread(target=fit, name="rayparallel-fit", daemon=True)
     thread.start()
-    progress = ConsoleProgress(spec.train.epochs) if verbose else None
-    while thread.is_alive():
+    while True:
         thread.join(timeout=0.5)
         for event in ray.get(actor.drain.remote()):
             if progress:
                 progress.show(event)
-    if "error" in outcome:
-        raise _user_error(outcome["error"]) or outcome["error"]
+        if not thread.is_alive():
+            return outcome.get("error")
 
-    summary = ray.get(actor.summary.remote())
-    ray.kill(actor)
-    result = TrainResult(name=spec.name, output_dir=str(output_dir), seconds=time.perf_counter() - started,
-                         baselines=baselines, **summary)
-    result.write()
-    if verbose:
-        _print_summary(result)
-    return result
+
+def _tracking_config(spec: JobSpec, output_dir: Path, ray_run_name: str) -> Optional[dict]:
+    if not spec.mlflow.enabled:
+        return None
+    import mlflow
+
+    return {
+        "tracking_uri": spec.mlflow.tracking_uri or mlflow.get_tracking_uri(),
+        "experiment": spec.mlflow.experiment or spec.name,
+        "run_name": spec.mlflow.run_name or ray_run_name,
+        "tags": dict(spec.mlflow.tags, **{"rayparallel.ray_run_name": ray_run_name}),
+        "unlogged_path": output_dir / "mlflow_unlogged.json",
+    }
+
+
+def _tracking_line(when: str, info: dict) -> str:
+    where = info.get("url") or f"{info['tracking_uri']} (browse: mlflow ui --backend-store-uri {info['tracking_uri']})"
+    if not info.get("run_id"):
+        return f"MLflow: run not created yet at {info['tracking_uri']}; retrying in the background"
+    return f"MLflow run {info['run_id']} ({info['experiment']}) {when}: {where}"
 
 
 def checkpoint_dir(spec: JobSpec, output_dir: Path) -> Path:
@@ -113,3 +156,8 @@ def _print_summary(result: TrainResult) -> None:
     if result.checkpoints:
         print(f"  checkpoints: {len(result.checkpoints)} in {result.checkpoint_dir}")
     print(f"  result:  {Path(result.output_dir) / 'result.json'}")
+    if result.mlflow:
+        print(_tracking_line("finished", result.mlflow))
+        if result.mlflow.get("unlogged"):
+            print(f"MLflow: could not log {', '.join(result.mlflow['unlogged'])} to {result.mlflow['tracking_uri']}; "
+                  f"the records are in {result.mlflow['unlogged_path']} and every file is on disk in {result.output_dir}")

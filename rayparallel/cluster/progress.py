@@ -17,6 +17,9 @@ class ConsoleProgress:
         self._epoch_shown = 0
 
     def show(self, event: dict) -> None:
+        if event["kind"] == "warning":
+            self._line(("\n" if self._live else "") + f"WARNING {event['text']}")
+            return
         if event["kind"] == "checkpoint":  # written later by the actor, so no epoch header
             self._line(("\r" if self._live else "") + f"Epoch {event['epoch']}: saved {event['file']}")
             return

@@ -1,6 +1,6 @@
 """Job spec: YAML -> validated, typed objects (no Ray, no TensorFlow)."""
 
 from .parse import apply_overrides, load_spec
-from .schema import CheckpointSpec, DataSpec, JobSpec, ModelSpec, RunSpec, ScalingSpec, TrainSpec
+from .schema import CheckpointSpec, DataSpec, JobSpec, MlflowSpec, ModelSpec, RunSpec, ScalingSpec, TrainSpec
 
-__all__ = ["CheckpointSpec", "load_spec", "apply_overrides", "JobSpec", "ModelSpec", "DataSpec", "TrainSpec", "ScalingSpec", "RunSpec"]
+__all__ = ["CheckpointSpec", "MlflowSpec", "load_spec", "apply_overrides", "JobSpec", "ModelSpec", "DataSpec", "TrainSpec", "ScalingSpec", "RunSpec"]

@@ -25,6 +25,8 @@ _POSITIVE = {
     "scaling.num_workers",
     "run.collective_timeout_s",
     "run.checkpoints_to_keep",
+    "mlflow.model_batch_size",
+    "mlflow.flush_timeout_s",
 }
 _NON_NEGATIVE = {"train.progress_every_n_steps"}
 
@@ -144,7 +146,7 @@ def _coerce(value: Any, hint: Any, path: str) -> Any:
 def _check_values(spec: JobSpec) -> None:
     flat = {
         f"{section}.{name}": value
-        for section in ("train", "scaling", "run")
+        for section in ("train", "scaling", "run", "mlflow")
         for name, value in vars(getattr(spec, section)).items()
     }
     for key in _POSITIVE:

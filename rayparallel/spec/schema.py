@@ -88,6 +88,23 @@ class CheckpointSpec:
 
 
 @dataclass
+class MlflowSpec:
+    """One MLflow run per training run. `tracking_uri` defaults to `MLFLOW_TRACKING_URI`,
+    else MLflow's own default (`sqlite:///mlflow.db` in the working directory);
+    `experiment` defaults to the job name and `run_name` to the Ray run name."""
+
+    enabled: bool = True
+    tracking_uri: Union[str, None] = None
+    experiment: Union[str, None] = None
+    run_name: Union[str, None] = None
+    tags: dict = field(default_factory=dict)
+    register_model: Union[str, None] = None
+    model_batch_size: int = 1  # the logged model is rebuilt with this batch (1: streaming)
+    log_step_loss: bool = False  # also log the running train loss at each progress update
+    flush_timeout_s: float = 60.0  # at the end, how long to keep retrying an unreachable server
+
+
+@dataclass
 class JobSpec:
     """A whole job file. `JobSpec.per_worker_batch_size` is what each replica is built for."""
 
@@ -98,6 +115,7 @@ class JobSpec:
     scaling: ScalingSpec = field(default_factory=ScalingSpec)
     run: RunSpec = field(default_factory=RunSpec)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    mlflow: MlflowSpec = field(default_factory=MlflowSpec)
 
     @property
     def per_worker_batch_size(self) -> int:

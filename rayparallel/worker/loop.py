@@ -84,7 +84,8 @@ class WorkerRun:
                 logs.update(self.evaluate())
             if self.rank == 0:
                 self.actor.end_epoch.remote(epoch, logs, seconds)
-            weights, optimizer_values = resume.snapshot(self.model, self.optimizer)
+            weights = resume.snapshot(self.model.weights)
+            optimizer_values = resume.snapshot(self.optimizer.variables)
             if self.spec.checkpoint.save_freq == "epoch":
                 self.save(weights, epoch, epoch * self.steps_per_epoch, self.steps_per_epoch, logs)
             checkpoint = None
@@ -117,7 +118,7 @@ class WorkerRun:
                     self.actor.log_progress.remote(epoch, step, steps_per_epoch, loss, rate)
             if save_every and global_step % save_every == 0:
                 running = {"loss": self.figures.running_loss(step)}
-                self.save(self.model.get_weights(), epoch, global_step, step, running)
+                self.save(resume.snapshot(self.model.weights), epoch, global_step, step, running)
         return self.figures.collect(steps_per_epoch)
 
     def evaluate(self) -> dict:

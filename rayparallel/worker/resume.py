@@ -18,9 +18,17 @@ import numpy as np
 STATE, META = "state.npz", "meta.json"
 
 
-def snapshot(model: Any, optimizer: Any) -> tuple[list, list]:
-    """Every rank calls this at the same point: reading distributed variables may be a collective."""
-    return model.get_weights(), [v.numpy() for v in optimizer.variables]
+def snapshot(variables: list) -> list:
+    """Point-in-time values of `variables` as tensors, in about a millisecond.
+
+    TensorFlow copies a variable's buffer before updating it in place while a read value
+    still refers to it, so later training steps never change a snapshot. Converting to NumPy
+    (the slow copy) is left to whoever needs it, e.g. the checkpoint client's thread. Every
+    rank calls this at the same point: reading distributed variables may be a collective.
+    """
+    import tensorflow as tf
+
+    return [tf.identity(v.value) for v in variables]
 
 
 def to_checkpoint(weights: list, optimizer_values: list, meta: dict) -> Any:
@@ -28,8 +36,8 @@ def to_checkpoint(weights: list, optimizer_values: list, meta: dict) -> Any:
     import ray.train
 
     folder = Path(tempfile.mkdtemp(prefix="rayparallel-resume-"))
-    arrays = {f"w{i}": w for i, w in enumerate(weights)}
-    arrays.update({f"o{i}": v for i, v in enumerate(optimizer_values)})
+    arrays = {f"w{i}": np.asarray(w) for i, w in enumerate(weights)}
+    arrays.update({f"o{i}": np.asarray(v) for i, v in enumerate(optimizer_values)})
     np.savez(folder / STATE, **arrays)
     (folder / META).write_text(json.dumps(dict(meta, weights=len(weights), optimizer=len(optimizer_values))))
     return ray.train.Checkpoint.from_directory(str(folder))

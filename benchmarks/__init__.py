@@ -1,0 +1,1 @@
+"""Benchmarks: print figures measured on this machine (not timed tests)."""

@@ -1,0 +1,84 @@
+"""How long rank 0 is blocked per checkpoint: the checkpoint actor against a synchronous save.
+
+Run: python -m benchmarks.checkpoint_stall [--repeats 5]
+
+Blocked time for the actor path = what the training loop itself does per checkpoint: a
+snapshot of the weights (`worker.resume.snapshot`) and `CheckpointClient.save`, which
+returns at once; the NumPy copy, the object-store copy and the write happen in a
+background thread and in the actor while training goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+
+def measure(repeats: int = 5) -> dict:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import ray
+
+    from benchmarks.models import dense_50m
+    from rayparallel.checkpoint.actor import CheckpointActor
+    from rayparallel.checkpoint.client import CheckpointClient
+    from rayparallel.spec import load_spec
+    from rayparallel.worker.resume import snapshot
+
+    model = dense_50m()
+    params = model.count_params()
+    spec = load_spec({"name": "bench", "model": {"builder": "benchmarks.models:dense_50m"},
+                      "data": {"loader": "benchmarks.models:none"}, "train": {"global_batch_size": 1}})
+    folder = Path(tempfile.mkdtemp(prefix="rayparallel-bench-"))
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    actor = CheckpointActor.remote(spec, str(folder / "actor"), [os.getcwd()])
+    client = CheckpointClient(actor)
+    client.save(model.get_weights(), 0, 0, 0, {})  # warm-up: the actor builds its model once
+    client.flush()
+
+    sync, actor_blocked, actor_write = [], [], []
+    for i in range(1, repeats + 1):
+        t = time.perf_counter()
+        model.save_weights(str(folder / f"sync-{i}.weights.h5"))
+        sync.append(time.perf_counter() - t)
+
+        t = time.perf_counter()
+        client.save(snapshot(model.weights), i, i, 0, {})
+        actor_blocked.append(time.perf_counter() - t)
+        client.flush()
+        actor_write.append(time.perf_counter() - t)
+    ray.kill(actor)
+    if started_ray:
+        ray.shutdown()
+    figures = {
+        "parameters": params,
+        "sync_save_weights_s": statistics.median(sync),
+        "actor_blocked_s": statistics.median(actor_blocked),
+        "actor_blocked_spread_s": [min(actor_blocked), max(actor_blocked)],
+        "sync_spread_s": [min(sync), max(sync)],
+        "actor_write_total_s": statistics.median(actor_write),
+    }
+    figures["stall_vs_sync_save"] = figures["actor_blocked_s"] / figures["sync_save_weights_s"]
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    f = measure(parser.parse_args().repeats)
+    print(f"model: {f['parameters'] / 1e6:.1f}M parameters ({f['parameters'] * 4 / 2**20:.0f} MiB float32)")
+    print(f"synchronous model.save_weights: {f['sync_save_weights_s'] * 1000:.0f} ms median "
+          f"(range {f['sync_spread_s'][0] * 1000:.0f}-{f['sync_spread_s'][1] * 1000:.0f})")
+    print(f"rank 0 blocked with the checkpoint actor: {f['actor_blocked_s'] * 1000:.0f} ms median "
+          f"(range {f['actor_blocked_spread_s'][0] * 1000:.0f}-{f['actor_blocked_spread_s'][1] * 1000:.0f}); "
+          f"the actor's write took {f['actor_write_total_s'] * 1000:.0f} ms in the background")
+    print(f"stall vs synchronous save: {f['stall_vs_sync_save']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

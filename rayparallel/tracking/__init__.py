@@ -1,0 +1,1 @@
+"""Tracking: the run's params, metrics, checkpoints and final model in MLflow."""

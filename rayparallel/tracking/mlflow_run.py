@@ -1,0 +1,170 @@
+"""One MLflow run per training run, delivered from a single background thread.
+
+The checkpoint actor owns the only :class:`MlflowRun` of a training run; workers never
+talk to MLflow. Every call only queues an operation; the thread delivers them in order.
+When the server cannot be reached, training goes on: operations stay queued and are
+retried with backoff, one warning is raised (not a stream of tracebacks), and at the end
+whatever could not be delivered is written to a JSON file next to the run's other output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+# Fail fast inside MLflow's HTTP client; retries are ours, without blocking training.
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+
+
+def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> Optional[str]:
+    """The MLflow UI address of a run, for http(s) tracking servers (as MLflow prints it)."""
+    if tracking_uri.startswith(("http://", "https://")):
+        return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    return None
+
+
+class MlflowRun:
+    def __init__(self, tracking_uri: str, experiment: str, run_name: str, unlogged_path: Path,
+                 notify: Callable[[str], None], tags: Optional[dict] = None, resume_run_id: Optional[str] = None):
+        self.tracking_uri, self.experiment, self.run_name = tracking_uri, experiment, run_name
+        self.run_id: Optional[str] = resume_run_id
+        self.unlogged_path = unlogged_path
+        self.experiment_id: Optional[str] = None
+        self._notify = notify
+        self._queue: deque = deque()
+        self._cond = threading.Condition()
+        self._started = threading.Event()
+        self._closing = False
+        self._failing_since: Optional[float] = None
+        self._thread = threading.Thread(target=self._deliver, name="rayparallel-mlflow", daemon=True)
+        self._queue.append(("start", {}))
+        if tags:
+            self.set_tags(tags)
+        self._thread.start()
+
+    # -- queueing (never blocks on the network) -------------------------------------------
+    def log_params(self, params: dict) -> None:
+        self._put("params", {"params": params})
+
+    def set_tags(self, tags: dict) -> None:
+        self._put("tags", {"tags": {k: str(v) for k, v in tags.items()}})
+
+    def log_metrics(self, metrics: dict, step: int) -> None:
+        values = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+        self._put("metrics", {"metrics": values, "step": step, "timestamp": int(time.time() * 1000)})
+
+    def log_artifact(self, path: str, artifact_path: Optional[str] = None) -> None:
+        self._put("artifact", {"path": path, "artifact_path": artifact_path})
+
+    def log_model(self, build: Callable[[], Any], registered_model_name: Optional[str]) -> None:
+        self._put("model", {"build": build, "registered_model_name": registered_model_name})
+
+    def wait_started(self, timeout: float) -> bool:
+        return self._started.wait(timeout)
+
+    def url(self) -> Optional[str]:
+        if self.run_id and self.experiment_id:
+            return run_url(self.tracking_uri, self.experiment_id, self.run_id)
+        return None
+
+    def finish(self, status: str, timeout: float) -> list[str]:
+        """End the run as `status`; returns what could not be delivered within `timeout`."""
+        self._put("end", {"status": status})
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+            while self._queue and time.monotonic() < deadline:
+                self._cond.wait(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+            left = list(self._queue)
+            self._queue.clear()
+            self._cond.notify_all()
+        return self._save_unlogged(left) if left else []
+
+    # -- delivery thread ---------------------------------------------------------------
+    def _put(self, kind: str, payload: dict) -> None:
+        with self._cond:
+            self._queue.append((kind, payload))
+            self._cond.notify_all()
+
+    def _deliver(self) -> None:
+        backoff = 1.0
+        while True:
+            with self._cond:
+                while not self._queue:
+                    if self._closing:
+                        return
+                    self._cond.wait()
+                kind, payload = self._queue[0]
+            try:
+                self._apply(kind, payload)
+            except Exception as exc:  # the server is down or refused: keep it queued, retry later
+                if self._failing_since is None:
+                    self._failing_since = time.monotonic()
+                    self._notify(f"MLflow: cannot log to {self.tracking_uri} ({type(exc).__name__}: "
+                                 f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); training goes on, "
+                                 "metrics are kept and retried")
+                with self._cond:
+                    self._cond.wait(timeout=backoff)
+                backoff = min(backoff * 2, 10.0)
+                continue
+            if self._failing_since is not None:
+                self._notify(f"MLflow: reachable again at {self.tracking_uri}; buffered records delivered")
+                self._failing_since = None
+            backoff = 1.0
+            with self._cond:
+                if self._queue and self._queue[0][0] == kind and self._queue[0][1] is payload:
+                    self._queue.popleft()
+                self._cond.notify_all()
+
+    def _apply(self, kind: str, payload: dict) -> None:
+        import mlflow
+        from mlflow.entities import Metric, Param, RunTag
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(self.tracking_uri)
+        if kind == "start":
+            if self.run_id:  # resumed: the same run goes on
+                run = client.get_run(self.run_id)
+                client.update_run(self.run_id, status="RUNNING")
+                self.experiment_id = run.info.experiment_id
+            else:
+                experiment = client.get_experiment_by_name(self.experiment)
+                self.experiment_id = experiment.experiment_id if experiment else client.create_experiment(self.experiment)
+                self.run_id = client.create_run(self.experiment_id, run_name=self.run_name).info.run_id
+            self._started.set()
+        elif kind == "params":
+            params = [Param(k, v) for k, v in payload["params"].items()]
+            existing = client.get_run(self.run_id).data.params
+            params = [p for p in params if p.key not in existing]  # a resumed run keeps its params
+            for i in range(0, len(params), 100):
+                client.log_batch(self.run_id, params=params[i:i + 100])
+        elif kind == "tags":
+            client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in payload["tags"].items()])
+        elif kind == "metrics":
+            metrics = [Metric(k, v, payload["timestamp"], payload["step"]) for k, v in payload["metrics"].items()]
+            client.log_batch(self.run_id, metrics=metrics)
+        elif kind == "artifact":
+            client.log_artifact(self.run_id, payload["path"], payload["artifact_path"])
+        elif kind == "model":
+            import mlflow.keras
+
+            mlflow.set_tracking_uri(self.tracking_uri)
+            model = payload["build"]()
+            with mlflow.start_run(run_id=self.run_id, log_system_metrics=False):
+                mlflow.keras.log_model(model, name="model", registered_model_name=payload["registered_model_name"])
+        elif kind == "end":
+            client.set_terminated(self.run_id, status=payload["status"])
+
+    def _save_unlogged(self, left: list) -> list[str]:
+        records = [{"kind": kind, **{k: v for k, v in payload.items() if k != "build"}} for kind, payload in left]
+        self.unlogged_path.parent.mkdir(parents=True, exist_ok=True)
+        self.unlogged_path.write_text(json.dumps({"tracking_uri": self.tracking_uri, "run_id": self.run_id,
+                                                   "records": records}, indent=2, default=str))
+        return sorted({kind for kind, _ in left})

@@ -1,0 +1,51 @@
+"""What a run records about itself: params from the spec and versions, tags from placement."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from ..spec import JobSpec
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, str]:
+    """{"train": {"epochs": 3}} -> {"train.epochs": "3"}: MLflow params are flat strings.
+
+    >>> flatten({"train": {"epochs": 3, "metrics": ["mae"]}})
+    {'train.epochs': '3', 'train.metrics': "['mae']"}
+    """
+    if isinstance(tree, dict) and tree:
+        out: dict[str, str] = {}
+        for key, value in tree.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): str(tree)[:6000]}
+
+
+def run_params(spec: JobSpec) -> dict[str, str]:
+    import keras
+    import ray
+    import tensorflow as tf
+
+    from .. import __version__
+
+    params = flatten(spec.to_dict())
+    params.update({
+        "num_workers": str(spec.scaling.num_workers),
+        "per_worker_batch_size": str(spec.per_worker_batch_size),
+        "version.ray": ray.__version__,
+        "version.tensorflow": tf.__version__,
+        "version.keras": keras.__version__,
+        "version.rayparallel": __version__,
+    })
+    return params
+
+
+def worker_tags(workers: Iterable[dict]) -> dict[str, str]:
+    workers = sorted(workers, key=lambda w: w["rank"])
+    nodes = sorted({w["node_id"] for w in workers})
+    return {
+        "rayparallel.nodes": ",".join(n[:12] for n in nodes),
+        "rayparallel.num_nodes": str(len(nodes)),
+        "rayparallel.gpus_per_worker": str(max((len(w["gpu_ids"]) for w in workers), default=0)),
+        "rayparallel.gpu_ids": ";".join(f"{w['rank']}:{','.join(w['gpu_ids']) or '-'}" for w in workers),
+    }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import TextIO
+from typing import Optional, TextIO
 
 
 def format_logs(logs: dict) -> str:
@@ -11,9 +11,9 @@ def format_logs(logs: dict) -> str:
 
 
 class ConsoleProgress:
-    def __init__(self, epochs: int, stream: TextIO = sys.stdout):
-        self.epochs, self.stream = epochs, stream
-        self._live = stream.isatty()
+    def __init__(self, epochs: int, stream: Optional[TextIO] = None):
+        self.epochs, self.stream = epochs, stream or sys.stdout
+        self._live = self.stream.isatty()
         self._epoch_shown = 0
 
     def show(self, event: dict) -> None:

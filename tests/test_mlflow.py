@@ -1,0 +1,112 @@
+"""MLflow tracking against a real `mlflow server` on 127.0.0.1 (and the embedded sqlite default)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import rayparallel
+
+from .conftest import REPO, MlflowServer, cli
+
+pytestmark = pytest.mark.slow
+
+LSTM = {
+    "name": "mlflow-lstm",
+    "model": {"builder": "tests.models:stateful_lstm"},
+    "data": {"loader": "tests.models:sine_streams", "layout": "streams"},
+    "train": {"global_batch_size": 6, "epochs": 3, "optimizer": {"class_name": "Adam", "config": {"learning_rate": 0.02}},
+              "metrics": ["mae"], "seed": 3, "progress_every_n_steps": 2},
+    "scaling": {"num_workers": 2},
+}
+
+
+def test_run_is_complete_in_a_real_server(ray_address, mlflow_server, tmp_path):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    spec = dict(LSTM, mlflow={"tracking_uri": mlflow_server.uri, "experiment": "rp-tests", "register_model": "rp-lstm",
+                              "log_step_loss": True, "tags": {"team": "tests"}})
+    result = rayparallel.train(spec, output_dir=tmp_path / "out", verbose=False)
+    client = MlflowClient(mlflow_server.uri)
+    experiment = client.get_experiment_by_name("rp-tests")
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1  # one run per training run, never one per worker
+    run = runs[0]
+    assert run.info.run_id == result.mlflow["run_id"]
+    assert run.info.status == "FINISHED"
+    assert result.mlflow["url"] == f"{mlflow_server.uri}/#/experiments/{experiment.experiment_id}/runs/{run.info.run_id}"
+    params = run.data.params
+    assert params["train.global_batch_size"] == "6" and params["num_workers"] == "2"
+    assert params["per_worker_batch_size"] == "3" and params["version.keras"].startswith("3.")
+    assert run.data.tags["team"] == "tests" and run.data.tags["rayparallel.num_nodes"] == "1"
+    assert run.data.tags["rayparallel.ray_run_name"].startswith("mlflow-lstm-")
+    for key in ("loss", "val_loss", "mae", "val_mae"):
+        history = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
+        assert [m.step for m in history] == [1, 2, 3]
+        assert np.allclose([m.value for m in history], [h[key] for h in result.history], rtol=1e-6)
+    assert len(client.get_metric_history(run.info.run_id, "step_loss")) >= 3
+    top = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"job.yaml", "result.json", "checkpoints"} <= top
+    ckpts = {a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")}
+    assert {"checkpoints/epoch-003.weights.h5", "checkpoints/final.weights.h5", "checkpoints/manifest.json"} <= ckpts
+
+    mlflow.set_tracking_uri(mlflow_server.uri)
+    model_id = run.outputs.model_outputs[0].model_id
+    model = mlflow.keras.load_model(f"models:/{model_id}")
+    assert model.inputs[0].shape[0] == 1  # rebuilt at mlflow.model_batch_size
+    assert model.predict_on_batch(np.zeros((1, 5, 2), "float32")).shape == (1, 5, 1)
+    versions = client.search_model_versions("name='rp-lstm'")
+    assert len(versions) == 1 and versions[0].run_id == run.info.run_id
+
+
+def test_server_down_mid_run_training_completes_and_says_what_was_not_logged(ray_address, tmp_path, capsys):
+    (tmp_path / "srv").mkdir()
+    server = MlflowServer(tmp_path / "srv")
+    spec = dict(LSTM, mlflow={"tracking_uri": server.uri, "experiment": "rp-down", "flush_timeout_s": 3})
+
+    def stop_when_run_exists():
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(server.uri)
+        while True:
+            experiment = client.get_experiment_by_name("rp-down")
+            if experiment and client.search_runs([experiment.experiment_id]):
+                return server.stop()
+            time.sleep(0.2)
+
+    stopper = threading.Thread(target=stop_when_run_exists, daemon=True)
+    stopper.start()
+    try:
+        result = rayparallel.train(spec, output_dir=tmp_path / "out", verbose=True)
+    finally:
+        server.stop()
+    out = capsys.readouterr().out
+    assert len(result.history) == 3 and (tmp_path / "out" / "checkpoints" / "final.weights.h5").exists()
+    assert out.count("WARNING MLflow: cannot log to") == 1
+    assert "Traceback" not in out
+    assert "metrics" in result.mlflow["unlogged"]
+    unlogged = json.loads((tmp_path / "out" / "mlflow_unlogged.json").read_text())
+    logged_epochs = {r["step"] for r in unlogged["records"] if r["kind"] == "metrics"}
+    assert logged_epochs == {1, 2, 3} and unlogged["run_id"] == result.mlflow["run_id"]
+    assert f"the records are in {tmp_path / 'out' / 'mlflow_unlogged.json'}" in out
+
+
+def test_embedded_default_is_the_local_sqlite_store(ray_address, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    shutil.copytree(REPO / "jobs", tmp_path / "jobs")
+    run = cli("train", "jobs/stateful_lstm.yaml", "--set", "train.epochs=1", cwd=tmp_path,
+              env={"RAY_ADDRESS": ray_address, "MLFLOW_TRACKING_URI": ""})
+    assert run.returncode == 0, run.stderr[-3000:]
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    assert f"browse: mlflow ui --backend-store-uri {store}" in run.stdout
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("stateful-lstm-co2").experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert "val_loss" in runs[0].data.metrics

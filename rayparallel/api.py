@@ -34,11 +34,14 @@ def train(
     output_dir: Optional[Union[str, os.PathLike]] = None,
     verbose: bool = True,
     worker_logs: bool = False,
+    resume: Optional[bool] = None,
 ) -> TrainResult:
     """Train a job data-parallel on Ray and return its result (also written as result.json).
 
     Joins the Ray cluster this process is connected to (or `RAY_ADDRESS`), else starts a
-    local Ray for the run and stops it afterwards.
+    local Ray for the run and stops it afterwards. `resume=True` continues the run recorded
+    in `output_dir` from its last completed epoch, `False` starts fresh, `None` (default)
+    resumes only a run that did not finish.
 
     >>> import rayparallel
     >>> result = rayparallel.train("jobs/stateful_lstm.yaml", overrides=["train.epochs=2"])  # doctest: +SKIP
@@ -54,4 +57,4 @@ def train(
     checks = preflight(job)
     out = (Path(output_dir) if output_dir is not None else Path("runs") / job.name).resolve()
     ensure_writable(checkpoint_dir(job, out))
-    return launch(job, out, checks.baselines, search_path, verbose=verbose, worker_logs=worker_logs)
+    return launch(job, out, checks.baselines, search_path, verbose=verbose, worker_logs=worker_logs, resume=resume)

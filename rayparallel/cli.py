@@ -6,6 +6,7 @@ Bad input exits with code 2 and one line on stderr; `--debug` shows the tracebac
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from typing import Optional, Sequence
 
@@ -24,11 +25,21 @@ def _parser() -> argparse.ArgumentParser:
         if name == "train":
             command.add_argument("--output-dir", default=None, help="where result.json and weights go (default runs/NAME)")
             command.add_argument("--worker-logs", action="store_true", help="show the workers' own output (TF, Ray Train)")
+            restart = command.add_mutually_exclusive_group()
+            restart.add_argument("--resume", dest="resume", action="store_const", const=True, default=None,
+                                 help="continue the run in the output dir from its last completed epoch")
+            restart.add_argument("--fresh", dest="resume", action="store_const", const=False,
+                                 help="start a new run even if the output dir holds an unfinished one "
+                                      "(default: resume an unfinished run, else start fresh)")
     export = commands.add_parser("export", help="rebuild the base model at a batch size and save it as .keras")
     export.add_argument("checkpoint", help="a .weights.h5 file or a checkpoint folder (then its best file)")
     export.add_argument("--batch-size", type=int, default=1, help="batch size of the exported model (default 1)")
     export.add_argument("--out", required=True, help="output .keras file")
     return parser
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -47,7 +58,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             from .api import train
 
-            train(args.job, args.overrides, output_dir=args.output_dir, worker_logs=args.worker_logs)
+            signal.signal(signal.SIGTERM, _interrupt)  # `ray job stop` ends the run like Ctrl-C
+            train(args.job, args.overrides, output_dir=args.output_dir, worker_logs=args.worker_logs, resume=args.resume)
+    except KeyboardInterrupt:
+        return 130
     except RayParallelError as exc:
         if args.debug:
             raise

@@ -30,3 +30,7 @@ def describe(value: object) -> str:
     if len(text) > 60:
         text = text[:57] + "..."
     return f"{text} ({type(value).__name__})"
+
+
+class NonFiniteLossError(RayParallelError):
+    """The training loss became NaN or infinite (`train.on_nan: stop`)."""

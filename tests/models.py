@@ -71,3 +71,24 @@ def with_nan():
     data = blobs()
     data["x_train"][5, 0, 0, 0] = np.nan
     return data
+
+
+def cnn_nan_after(batch_size: int = 4, steps: int = 15):
+    """small_cnn whose output turns NaN after `steps` training calls (a diverging model)."""
+    import keras
+    from keras import ops
+
+    class NanAfter(keras.layers.Layer):
+        def build(self, input_shape):
+            self.calls = self.add_weight(shape=(), initializer="zeros", trainable=False,
+                                         aggregation="only_first_replica", name="calls")
+
+        def call(self, x, training=False):
+            if training:
+                self.calls.assign_add(1.0)
+            poison = ops.where(self.calls > steps, float("nan"), 0.0)
+            return x + poison
+
+    inputs = keras.Input(shape=(8, 8, 1))
+    h = keras.layers.GlobalAveragePooling2D()(keras.layers.Conv2D(4, 3, activation="relu")(inputs))
+    return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(NanAfter()(h)))

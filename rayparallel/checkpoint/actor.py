@@ -49,6 +49,8 @@ class CheckpointWriter:
         self._final: Optional[Saved] = None
         self._final_values: Optional[list] = None
         self._recipe: Optional[dict] = None
+        self._model_lock = threading.Lock()
+        threading.Thread(target=self._warm_up, daemon=True).start()
         self._tracking: Optional[MlflowRun] = None
         if tracking:
             self._tracking = MlflowRun(notify=self._warn, **tracking)
@@ -71,10 +73,17 @@ class CheckpointWriter:
 
     def end_epoch(self, epoch: int, logs: dict, seconds: float) -> None:
         with self._lock:
-            self._history[epoch] = dict(logs)  # keyed: a resumed epoch replaces its first try
+            repeated = epoch in self._history  # re-run after a restart: identical figures
+            self._history[epoch] = dict(logs)
             self._events.append({"kind": "epoch", "epoch": epoch, "logs": dict(logs), "seconds": seconds})
-        if self._tracking:
+        if self._tracking and not repeated:
             self._tracking.log_metrics(logs, step=epoch)
+
+    def restore_history(self, history: list[dict]) -> None:
+        """Epochs completed before a restart (from the resume checkpoint), logged once."""
+        with self._lock:
+            for epoch, logs in enumerate(history, start=1):
+                self._history.setdefault(epoch, dict(logs))
 
     def best_value(self) -> Optional[float]:
         """The monitor's best so far, so a restarted rank 0 keeps `save_best_only` right."""
@@ -166,12 +175,20 @@ class CheckpointWriter:
             self._recipe = model_recipe(self._spec)
         write_manifest(self._dir, self._recipe, self._policy, self._final)
 
-    def _base_model(self) -> Any:
-        if self._model is None:
-            from ..worker.replica import build_replica
+    def _warm_up(self) -> None:
+        """Import TensorFlow and build the model before the first save needs them."""
+        try:
+            self._base_model()
+        except Exception:  # the first save raises it again, where it can be reported
+            pass
 
-            self._model = build_replica(self._spec.model, self._spec.per_worker_batch_size)
-        return self._model
+    def _base_model(self) -> Any:
+        with self._model_lock:
+            if self._model is None:
+                from ..worker.replica import build_replica
+
+                self._model = build_replica(self._spec.model, self._spec.per_worker_batch_size)
+            return self._model
 
 
 CheckpointActor = ray.remote(num_cpus=0, concurrency_groups={"io": 1})(CheckpointWriter)

@@ -32,10 +32,14 @@ class CheckpointClient:
         while len(self._pending) > self._max_pending:
             self._wait(self._pending.pop(0))
 
-    def flush(self) -> None:
+    def flush(self, raise_errors: bool = True) -> None:
         pending, self._pending = self._pending, []
         for future in pending:
-            self._wait(future)
+            try:
+                self._wait(future)
+            except Exception:
+                if raise_errors:
+                    raise
 
     def _send(self, weights: list, epoch: int, step: int, batch: int, metrics: dict) -> Any:
         arrays = [np.asarray(w) for w in weights]

@@ -1,7 +1,8 @@
 """Run a validated job on Ray Train: workers, checkpoint actor, progress, result.
 
 `TensorflowTrainer.fit()` blocks, so it runs in a thread while this thread prints the
-progress events the checkpoint actor collects from rank 0.
+progress events the checkpoint actor collects from rank 0. The actor is named
+`rayparallel:<ray run name>`, so a live run can be inspected with `ray.get_actor`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, Optional
 import yaml
 
 import ray
-from ray.train import CheckpointConfig, RunConfig, ScalingConfig
+from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.tensorflow import TensorflowTrainer
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -26,36 +27,47 @@ from ..spec import JobSpec
 from ..worker.loop import train_loop_per_worker
 from . import connect as cluster
 from .progress import ConsoleProgress, format_logs
+from .run_state import RunState, plan_run
 
 
 def launch(spec: JobSpec, output_dir: Path, baselines: dict, search_path: list[str], verbose: bool = True,
-           worker_logs: bool = False) -> TrainResult:
+           worker_logs: bool = False, resume: Optional[bool] = None) -> TrainResult:
     started_ray = cluster.connect(worker_logs)
     try:
         if started_ray or not os.environ.get("RAY_ADDRESS"):
             cluster.check_capacity(spec)
-        return _fit(spec, output_dir, baselines, search_path, verbose)
+        return _fit(spec, output_dir, baselines, search_path, verbose, resume)
     finally:
         if started_ray:
             ray.shutdown()
 
 
-def _fit(spec: JobSpec, output_dir: Path, baselines: dict, search_path: list[str], verbose: bool) -> TrainResult:
+def _fit(spec: JobSpec, output_dir: Path, baselines: dict, search_path: list[str], verbose: bool,
+         resume: Optional[bool]) -> TrainResult:
     started = time.perf_counter()
+    say = print if verbose else (lambda *_: None)
+    storage_path = spec.run.storage_path or str(output_dir / "ray_results")
+    state, point = plan_run(spec.name, output_dir, storage_path, resume)
+    if point:
+        say(f"rayparallel: resuming {state.ray_run_name} after epoch {point[0]} (Ray checkpoint {point[1]})")
+    else:
+        say(f"rayparallel: starting {state.ray_run_name} (fresh) in {output_dir}")
     output_dir.mkdir(parents=True, exist_ok=True)
     job_file = output_dir / "job.yaml"
     job_file.write_text(yaml.safe_dump(spec.to_dict(), sort_keys=False))
-    ray_run_name = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    state.save(output_dir)
+
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    actor = CheckpointActor.options(scheduling_strategy=here).remote(
-        spec, str(checkpoint_dir(spec, output_dir)), search_path, _tracking_config(spec, output_dir, ray_run_name))
-    say = print if verbose else (lambda *_: None)
+    actor = CheckpointActor.options(name=f"rayparallel:{state.ray_run_name}", scheduling_strategy=here).remote(
+        spec, str(checkpoint_dir(spec, output_dir)), search_path, _tracking_config(spec, output_dir, state))
     tracking = ray.get(actor.tracking_info.remote(10.0))
     if tracking:
         say(_tracking_line("started", tracking))
+        state.mlflow_run_id = tracking["run_id"] or state.mlflow_run_id
+        state.save(output_dir)
     trainer = TensorflowTrainer(
         train_loop_per_worker,
-        train_loop_config={"spec": spec, "actor": actor, "search_path": search_path},
+        train_loop_config={"spec": spec, "actor": actor, "search_path": search_path, "mlflow_run_id": state.mlflow_run_id},
         scaling_config=ScalingConfig(
             num_workers=spec.scaling.num_workers,
             use_gpu=spec.scaling.use_gpu,
@@ -63,24 +75,35 @@ def _fit(spec: JobSpec, output_dir: Path, baselines: dict, search_path: list[str
             placement_strategy=spec.scaling.placement_strategy,
         ),
         run_config=RunConfig(
-            name=ray_run_name,
-            storage_path=spec.run.storage_path or str((output_dir / "ray_results").resolve()),
+            name=state.ray_run_name,
+            storage_path=storage_path,
             checkpoint_config=CheckpointConfig(num_to_keep=spec.run.checkpoints_to_keep),
+            failure_config=FailureConfig(max_failures=spec.failure.max_failures),
         ),
     )
-    error = _run_with_progress(trainer, actor, ConsoleProgress(spec.train.epochs) if verbose else None)
+
+    def end(status: str, files: list[Path]) -> Optional[dict]:
+        state.status = status
+        state.save(output_dir)
+        return ray.get(actor.finish.remote(status, [str(f) for f in files]))
+
+    try:
+        error = _run_with_progress(trainer, actor, ConsoleProgress(spec.train.epochs) if verbose else None)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from `ray job stop` (see cli)
+        end("KILLED", [job_file])
+        say(f"\nrayparallel: interrupted; MLflow run marked KILLED; continue with: rayparallel train ... --resume "
+            f"--output-dir {output_dir}")
+        raise
     if error is not None:
-        ray.get(actor.finish.remote("FAILED", [str(job_file)]))
-        ray.kill(actor)
+        end("FAILED", [job_file])
         raise _user_error(error) or error
 
     summary = ray.get(actor.summary.remote())
     result = TrainResult(name=spec.name, output_dir=str(output_dir), seconds=time.perf_counter() - started,
                          baselines=baselines, mlflow=tracking or {}, **summary)
     result_file = result.write()
-    if tracking:
-        result.mlflow = ray.get(actor.finish.remote("FINISHED", [str(job_file), str(result_file)]))
-        result.write()
+    result.mlflow = end("FINISHED", [job_file, result_file]) or {}
+    result.write()
     ray.kill(actor)
     if verbose:
         _print_summary(result)
@@ -108,7 +131,7 @@ def _run_with_progress(trainer: TensorflowTrainer, actor: Any, progress: Optiona
             return outcome.get("error")
 
 
-def _tracking_config(spec: JobSpec, output_dir: Path, ray_run_name: str) -> Optional[dict]:
+def _tracking_config(spec: JobSpec, output_dir: Path, state: RunState) -> Optional[dict]:
     if not spec.mlflow.enabled:
         return None
     import mlflow
@@ -116,9 +139,10 @@ def _tracking_config(spec: JobSpec, output_dir: Path, ray_run_name: str) -> Opti
     return {
         "tracking_uri": spec.mlflow.tracking_uri or mlflow.get_tracking_uri(),
         "experiment": spec.mlflow.experiment or spec.name,
-        "run_name": spec.mlflow.run_name or ray_run_name,
-        "tags": dict(spec.mlflow.tags, **{"rayparallel.ray_run_name": ray_run_name}),
+        "run_name": spec.mlflow.run_name or state.ray_run_name,
+        "tags": dict(spec.mlflow.tags, **{"rayparallel.ray_run_name": state.ray_run_name}),
         "unlogged_path": output_dir / "mlflow_unlogged.json",
+        "resume_run_id": state.mlflow_run_id,
     }
 
 

@@ -28,7 +28,7 @@ _POSITIVE = {
     "mlflow.model_batch_size",
     "mlflow.flush_timeout_s",
 }
-_NON_NEGATIVE = {"train.progress_every_n_steps"}
+_NON_NEGATIVE = {"train.progress_every_n_steps", "failure.max_failures"}
 
 
 def load_spec(source: Union[str, os.PathLike, dict, JobSpec], overrides: Iterable[str] = ()) -> JobSpec:
@@ -146,7 +146,7 @@ def _coerce(value: Any, hint: Any, path: str) -> Any:
 def _check_values(spec: JobSpec) -> None:
     flat = {
         f"{section}.{name}": value
-        for section in ("train", "scaling", "run", "mlflow")
+        for section in ("train", "scaling", "run", "mlflow", "failure")
         for name, value in vars(getattr(spec, section)).items()
     }
     for key in _POSITIVE:

@@ -46,6 +46,7 @@ class TrainSpec:
     metrics: list = field(default_factory=list)
     seed: int = 0
     progress_every_n_steps: int = 0  # 0: about ten progress updates per epoch
+    on_nan: Literal["stop", "ignore"] = "stop"  # a non-finite loss stops the run, naming epoch and step
 
 
 @dataclass
@@ -105,6 +106,14 @@ class MlflowSpec:
 
 
 @dataclass
+class FailureSpec:
+    """Ray's `FailureConfig`: how many times a failed worker group restarts from the last
+    resume checkpoint (the last completed epoch)."""
+
+    max_failures: int = 0
+
+
+@dataclass
 class JobSpec:
     """A whole job file. `JobSpec.per_worker_batch_size` is what each replica is built for."""
 
@@ -116,6 +125,7 @@ class JobSpec:
     run: RunSpec = field(default_factory=RunSpec)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     mlflow: MlflowSpec = field(default_factory=MlflowSpec)
+    failure: FailureSpec = field(default_factory=FailureSpec)
 
     @property
     def per_worker_batch_size(self) -> int:

@@ -42,6 +42,7 @@ class MlflowRun:
         self._started = threading.Event()
         self._closing = False
         self._failing_since: Optional[float] = None
+        self._logged_steps: dict[str, int] = {}
         self._thread = threading.Thread(target=self._deliver, name="rayparallel-mlflow", daemon=True)
         self._queue.append(("start", {}))
         if tags:
@@ -130,10 +131,12 @@ class MlflowRun:
 
         client = MlflowClient(self.tracking_uri)
         if kind == "start":
-            if self.run_id:  # resumed: the same run goes on
+            if self.run_id:  # resumed: the same run goes on; epochs it has already are not logged twice
                 run = client.get_run(self.run_id)
                 client.update_run(self.run_id, status="RUNNING")
                 self.experiment_id = run.info.experiment_id
+                self._logged_steps = {key: max(m.step for m in client.get_metric_history(self.run_id, key))
+                                      for key in run.data.metrics}
             else:
                 experiment = client.get_experiment_by_name(self.experiment)
                 self.experiment_id = experiment.experiment_id if experiment else client.create_experiment(self.experiment)
@@ -148,8 +151,11 @@ class MlflowRun:
         elif kind == "tags":
             client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in payload["tags"].items()])
         elif kind == "metrics":
-            metrics = [Metric(k, v, payload["timestamp"], payload["step"]) for k, v in payload["metrics"].items()]
-            client.log_batch(self.run_id, metrics=metrics)
+            step = payload["step"]
+            metrics = [Metric(k, v, payload["timestamp"], step) for k, v in payload["metrics"].items()
+                       if step > self._logged_steps.get(k, -1)]
+            if metrics:
+                client.log_batch(self.run_id, metrics=metrics)
         elif kind == "artifact":
             client.log_artifact(self.run_id, payload["path"], payload["artifact_path"])
         elif kind == "model":

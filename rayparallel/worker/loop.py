@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, Optional
 
 from ..checkpoint.client import CheckpointClient
 from ..checkpoint.policy import Policy
+from ..errors import NonFiniteLossError
 from ..spec import JobSpec
 from ..spec.references import add_search_path
 from . import replica, resume, shards
@@ -25,17 +26,17 @@ from .sync import Reducer, configure_threads, make_strategy
 def train_loop_per_worker(config: dict) -> None:
     """Entry point handed to `TensorflowTrainer(train_loop_per_worker=...)`."""
     add_search_path(config["search_path"])
-    WorkerRun(config["spec"], config["actor"]).fit()
+    WorkerRun(config["spec"], config["actor"], config.get("mlflow_run_id")).fit()
 
 
 class WorkerRun:
-    def __init__(self, spec: JobSpec, actor: Any):
+    def __init__(self, spec: JobSpec, actor: Any, mlflow_run_id: Optional[str] = None):
         import ray
         import ray.train
 
         context = ray.train.get_context()
         self.rank, self.world = context.get_world_rank(), context.get_world_size()
-        self.spec, self.actor = spec, actor
+        self.spec, self.actor, self.mlflow_run_id = spec, actor, mlflow_run_id
         configure_threads(spec.scaling.resources_per_worker.get("CPU", 1))
         self.strategy = make_strategy(spec.scaling.use_gpu, spec.run.collective_timeout_s)
 
@@ -53,7 +54,7 @@ class WorkerRun:
                                        tuple(self.model.outputs[0].shape))
         self.steps = Steps(self.strategy, self.model, self.optimizer, replica.per_sample_loss(spec.train.loss),
                            metrics, self.batch)
-        self.figures = EpochFigures(self.steps, Reducer(self.strategy))
+        self.figures = EpochFigures(self.steps, Reducer(self.strategy), self.rank, self.world)
         self.stateful = replica.stateful_layers(self.model)
         self.steps_per_epoch = shards.steps_per_epoch(self.data.train.rows, self.batch)
         self.policy = Policy(spec.checkpoint)
@@ -61,6 +62,9 @@ class WorkerRun:
 
         meta = resume.restore(ray.train.get_checkpoint(), self.strategy, self.model, self.optimizer)
         self.start_epoch = meta["epoch"] if meta else 0
+        self.history: list[dict] = meta["history"] if meta else []
+        if meta and self.rank == 0:
+            ray.get(actor.restore_history.remote(self.history))
         self.policy.best = ray.get(actor.best_value.remote())
         actor.register_worker.remote({
             "rank": self.rank,
@@ -72,16 +76,26 @@ class WorkerRun:
         })
 
     def fit(self) -> None:
+        try:
+            self._fit()
+        except BaseException:
+            if self.client is not None:  # hand over saves already made: they belong to good epochs
+                self.client.flush(raise_errors=False)
+            raise
+
+    def _fit(self) -> None:
         import ray.train
 
         logs: dict = {}
         for epoch in range(self.start_epoch + 1, self.spec.train.epochs + 1):
             started = time.perf_counter()
             logs = self.train_epoch(epoch)
+            self._check_finite(epoch)
             seconds = time.perf_counter() - started
             logs["samples_per_s"] = self.steps_per_epoch * self.batch / seconds
             if self.data.val is not None:
                 logs.update(self.evaluate())
+            self.history.append(logs)
             if self.rank == 0:
                 self.actor.end_epoch.remote(epoch, logs, seconds)
             weights = resume.snapshot(self.model.weights)
@@ -90,8 +104,10 @@ class WorkerRun:
                 self.save(weights, epoch, epoch * self.steps_per_epoch, self.steps_per_epoch, logs)
             checkpoint = None
             if self.rank == 0:
-                checkpoint = resume.to_checkpoint(weights, optimizer_values, {"epoch": epoch})
-            ray.train.report(dict(logs, epoch=epoch), checkpoint=checkpoint)
+                meta = {"epoch": epoch, "history": self.history, "mlflow_run_id": self.mlflow_run_id}
+                checkpoint = resume.to_checkpoint(weights, optimizer_values, meta)
+            ray.train.report(dict(logs, epoch=epoch), checkpoint=checkpoint, checkpoint_dir_name=f"epoch-{epoch:04d}",
+                             delete_local_checkpoint_after_upload=checkpoint is not None)
 
         weights = self.model.get_weights()  # every rank reads, see resume.snapshot
         if self.rank == 0:
@@ -113,6 +129,7 @@ class WorkerRun:
             global_step = (epoch - 1) * steps_per_epoch + step
             if step < steps_per_epoch and step % every == 0:
                 loss = self.figures.running_loss(step)  # a collective: every rank calls it
+                self._check_finite(epoch)
                 if self.rank == 0:
                     rate = step * self.batch / (time.perf_counter() - started)
                     self.actor.log_progress.remote(epoch, step, steps_per_epoch, loss, rate)
@@ -120,6 +137,16 @@ class WorkerRun:
                 running = {"loss": self.figures.running_loss(step)}
                 self.save(resume.snapshot(self.model.weights), epoch, global_step, step, running)
         return self.figures.collect(steps_per_epoch)
+
+    def _check_finite(self, epoch: int) -> None:
+        """Every rank sees the same reduced figures, so all stop together, before any save."""
+        step = self.figures.nonfinite_step
+        if step and self.spec.train.on_nan == "stop":
+            raise NonFiniteLossError(
+                f"train.on_nan: expected finite losses, received NaN/inf at epoch {epoch}, step {step}; stopped "
+                f"before saving (the newest checkpoint is from epoch {epoch - 1}). Lower the learning rate, "
+                "check the data (data.check_finite: true), or set train.on_nan: ignore"
+            )
 
     def evaluate(self) -> dict:
         """Validation on every worker's own rows; states reset before and after."""

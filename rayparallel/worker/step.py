@@ -23,6 +23,8 @@ class Steps:
 
         self.model, self.metrics = model, metrics
         self.loss_total = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        self.steps_run = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.first_nonfinite = tf.Variable(0, dtype=tf.int64, trainable=False)  # 1-based step, 0: none
         scale = 1.0 / global_batch_size
         replicas = strategy.num_replicas_in_sync
 
@@ -35,6 +37,9 @@ class Steps:
             grads = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
             self._record(loss, y, y_pred)
+            self.steps_run.assign_add(1)
+            first = tf.logical_and(tf.logical_not(tf.math.is_finite(loss)), tf.equal(self.first_nonfinite, 0))
+            self.first_nonfinite.assign(tf.where(first, self.steps_run, self.first_nonfinite))
 
         def eval_replica(x, y):
             y_pred = model(x, training=False)
@@ -52,27 +57,43 @@ class Steps:
 
     def reset(self) -> None:
         self.loss_total.assign(0.0)
+        self.steps_run.assign(0)
+        self.first_nonfinite.assign(0)
         for metric in self.metrics:
             metric.reset_state()
 
 
 class EpochFigures:
-    """Global loss and metrics: local states summed over all workers, then Keras' `result()`."""
+    """Global loss and metrics: local states summed over all workers, then Keras' `result()`.
 
-    def __init__(self, steps: Steps, reducer: Reducer):
+    Each reduction also gathers every rank's first non-finite training step, so all ranks
+    learn of a NaN at the same point and stop together (`nonfinite_step`, 0 when none).
+    """
+
+    def __init__(self, steps: Steps, reducer: Reducer, rank: int, world: int):
         self._steps, self._reducer = steps, reducer
+        self._rank, self._world = rank, world
+        self.nonfinite_step = 0
 
     def running_loss(self, steps_done: int) -> float:
-        (total,) = self._reducer.sum([self._steps.loss_total.numpy()])
-        return float(total) / max(steps_done, 1)
+        total, _ = self._reduce([])
+        return total / max(steps_done, 1)
 
     def collect(self, steps_done: int, prefix: str = "") -> dict[str, float]:
         """Mean loss per step and every metric, over the whole global batch of every step."""
         variables = [v for m in self._steps.metrics for v in m.variables]
-        total, *summed = self._reducer.sum([self._steps.loss_total.numpy()] + [v.numpy() for v in variables])
+        total, summed = self._reduce([v.numpy() for v in variables])
         for variable, value in zip(variables, summed):
             variable.assign(np.asarray(value).astype(variable.dtype))
-        figures = {prefix + "loss": float(total) / max(steps_done, 1)}
+        figures = {prefix + "loss": total / max(steps_done, 1)}
         for metric in self._steps.metrics:
             figures[prefix + metric.name] = float(np.asarray(metric.result()))
         return figures
+
+    def _reduce(self, arrays: list) -> tuple[float, list]:
+        slots = np.zeros(self._world)
+        slots[self._rank] = self._steps.first_nonfinite.numpy()
+        total, slots, *summed = self._reducer.sum([self._steps.loss_total.numpy(), slots] + arrays)
+        bad = [int(s) for s in slots if s > 0]
+        self.nonfinite_step = min(bad) if bad else 0
+        return float(total), summed

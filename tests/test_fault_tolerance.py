@@ -1,0 +1,141 @@
+"""Failures: a killed worker resumes exactly, a dead peer is detected in bounded time, a NaN
+loss stops the run, restarts are explicit (real local Ray, real TF)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import rayparallel
+from rayparallel.errors import RayParallelError
+
+pytestmark = pytest.mark.slow
+
+LSTM = {
+    "name": "fault-lstm",
+    "model": {"builder": "tests.models:stateful_lstm"},
+    "data": {"loader": "tests.models:sine_streams", "layout": "streams", "kwargs": {"windows": 150}},
+    "train": {"global_batch_size": 6, "epochs": 5, "optimizer": {"class_name": "Adam", "config": {"learning_rate": 0.01}},
+              "metrics": ["mae"], "seed": 3},
+    "scaling": {"num_workers": 2},
+    "mlflow": {"enabled": False},
+}
+
+
+def weights_of(result):
+    from tests.models import stateful_lstm
+
+    model = stateful_lstm(batch_size=1)
+    model.load_weights(result.final_weights)
+    return model.get_weights()
+
+
+def relative_error(a, b) -> float:
+    return max(float(np.max(np.abs(x - y)) / (np.max(np.abs(y)) + 1e-12)) for x, y in zip(a, b))
+
+
+def kill_a_worker_when(epochs_done: int, killed: dict, run_prefix: str) -> threading.Thread:
+    """SIGKILL rank 1 once the live run (found by its named checkpoint actor) finished `epochs_done` epochs."""
+    import ray
+
+    def watch():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            names = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(run_prefix)]
+            if names:
+                actor = ray.get_actor(names[0]["name"], namespace=names[0]["namespace"])
+                summary = ray.get(actor.summary.remote())
+                if len(summary["history"]) >= epochs_done and len(summary["workers"]) == 2:
+                    pid = summary["workers"][1]["pid"]
+                    os.kill(pid, signal.SIGKILL)
+                    killed.update(pid=pid, at=time.monotonic(), after_epoch=len(summary["history"]))
+                    return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(ray_address, tmp_path_factory):
+    return rayparallel.train(LSTM, output_dir=tmp_path_factory.mktemp("plain"), verbose=False)
+
+
+def test_killed_worker_resumes_to_the_same_weights(uninterrupted, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    spec = dict(LSTM, name="fault-kill", failure={"max_failures": 1},
+                mlflow={"tracking_uri": store, "experiment": "fault"})
+    killed: dict = {}
+    watcher = kill_a_worker_when(2, killed, "rayparallel:fault-kill-")
+    result = rayparallel.train(spec, output_dir=tmp_path / "out", verbose=False)
+    watcher.join(timeout=5)
+    assert killed, "the worker was never killed"
+    assert killed["pid"] not in [w["pid"] for w in result.workers]  # the group was restarted
+    error = relative_error(weights_of(result), weights_of(uninterrupted))
+    print(f"resume after SIGKILL of rank 1 after epoch {killed['after_epoch']}: max relative weight error {error:.2e}")
+    assert error < 1e-5
+    assert [h["val_loss"] for h in result.history] == pytest.approx([h["val_loss"] for h in uninterrupted.history], rel=1e-5)
+
+    manifest = json.loads(open(f"{result.checkpoint_dir}/manifest.json").read())
+    assert [c["epoch"] for c in manifest["checkpoints"]] == [1, 2, 3, 4, 5]
+    assert all(os.path.exists(f"{result.checkpoint_dir}/{c['file']}") for c in manifest["checkpoints"])
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("fault").experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "val_loss")] == [1, 2, 3, 4, 5]
+
+
+def test_dead_peer_is_detected_within_the_timeout(ray_address, tmp_path):
+    timeout = 15
+    spec = dict(LSTM, name="fault-dead", run={"collective_timeout_s": timeout})
+    killed: dict = {}
+    watcher = kill_a_worker_when(1, killed, "rayparallel:fault-dead-")
+    with pytest.raises(Exception) as info:
+        rayparallel.train(spec, output_dir=tmp_path / "out", verbose=False)
+    detected = time.monotonic() - killed["at"]
+    watcher.join(timeout=5)
+    print(f"dead peer: the run failed {detected:.1f}s after SIGKILL of rank 1 (collective timeout {timeout}s)")
+    assert detected < timeout + 20
+    assert "Training failed" in str(info.value) or "died" in str(info.value).lower()
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["status"] == "FAILED"
+
+
+def test_nan_loss_stops_naming_epoch_and_step(ray_address, tmp_path):
+    spec = {"name": "fault-nan", "model": {"builder": "tests.models:cnn_nan_after", "kwargs": {"steps": 15}},
+            "data": {"loader": "tests.models:blobs"},
+            "train": {"global_batch_size": 8, "epochs": 3, "loss": "sparse_categorical_crossentropy",
+                      "progress_every_n_steps": 5},
+            "scaling": {"num_workers": 2}, "mlflow": {"enabled": False}}
+    with pytest.raises(RayParallelError) as info:
+        rayparallel.train(spec, output_dir=tmp_path / "out", verbose=False)
+    assert str(info.value).startswith("train.on_nan: expected finite losses, received NaN/inf at epoch 2, step 4;")
+    files = sorted(f for f in os.listdir(tmp_path / "out" / "checkpoints") if f.endswith(".weights.h5"))
+    assert files == ["epoch-001.weights.h5"]  # the last good checkpoint stays the newest
+
+
+def test_resume_continues_the_same_run_exactly_and_fresh_starts_anew(uninterrupted, tmp_path, capsys):
+    out = tmp_path / "out"
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    spec = dict(LSTM, name="fault-resume", mlflow={"tracking_uri": store})
+    first = rayparallel.train(spec, ["train.epochs=3"], output_dir=out)
+    resumed = rayparallel.train(spec, output_dir=out, resume=True)  # 5 epochs: continues after epoch 3
+    printed = capsys.readouterr().out
+    assert "resuming fault-resume-" in printed and "after epoch 3" in printed
+    assert resumed.mlflow["run_id"] == first.mlflow["run_id"]
+    assert len(resumed.history) == 5
+    error = relative_error(weights_of(resumed), weights_of(uninterrupted))
+    print(f"resume 3 -> 5 epochs vs uninterrupted 5: max relative weight error {error:.2e}")
+    assert error < 1e-5
+    fresh = rayparallel.train(spec, ["train.epochs=1"], output_dir=out, resume=False)
+    assert "(fresh)" in capsys.readouterr().out and fresh.mlflow["run_id"] != first.mlflow["run_id"]
+    with pytest.raises(RayParallelError, match="--resume: expected a previous run with a saved epoch in"):
+        rayparallel.train(spec, output_dir=tmp_path / "empty", resume=True)

@@ -31,6 +31,13 @@ def _parser() -> argparse.ArgumentParser:
             restart.add_argument("--fresh", dest="resume", action="store_const", const=False,
                                  help="start a new run even if the output dir holds an unfinished one "
                                       "(default: resume an unfinished run, else start fresh)")
+    submit = commands.add_parser("submit", help="run a job on a Ray cluster through the Jobs API")
+    submit.add_argument("job", help="job YAML file (inside the working dir)")
+    submit.add_argument("--address", required=True, help="the cluster's dashboard, e.g. http://HEAD:8265")
+    submit.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    submit.add_argument("--working-dir", default=None, help="folder to upload (default: the current one)")
+    submit.add_argument("--no-wait", action="store_true", help="return once submitted instead of following the logs")
+    submit.add_argument("--output-dir", default=None, help="output folder on the cluster (default runs/NAME in the job's dir)")
     export = commands.add_parser("export", help="rebuild the base model at a batch size and save it as .keras")
     export.add_argument("checkpoint", help="a .weights.h5 file or a checkpoint folder (then its best file)")
     export.add_argument("--batch-size", type=int, default=1, help="batch size of the exported model (default 1)")
@@ -45,6 +52,11 @@ def _interrupt(signum: int, frame: object) -> None:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command == "submit":
+            from .cluster.submit import submit
+
+            return submit(args.job, args.address, args.overrides, wait=not args.no_wait, working_dir=args.working_dir,
+                          output_dir=args.output_dir)
         if args.command == "export":
             from .checkpoint.export import export
 

@@ -17,7 +17,7 @@ def ray_address():
     import ray
 
     os.chdir(REPO)
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2"}})
     try:
         yield ray.get_runtime_context().gcs_address
@@ -33,6 +33,36 @@ def cli(*args: str, env: dict | None = None, cwd: Path = REPO, timeout: float = 
     environment = {k: v for k, v in environment.items() if v != ""}  # "" unsets
     return subprocess.run([sys.executable, "-m", "rayparallel.cli", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=timeout, env=environment)
+
+
+class DefaultJobRuns:
+    """The default job run through the CLI on 1 and 2 workers (3 epochs), shared by tests."""
+
+    def __init__(self, root: Path, address: str):
+        import json
+
+        self.results, self.stdout = {}, {}
+        for workers in (1, 2):
+            out = root / f"w{workers}"
+            run = cli("train", "jobs/stateful_lstm.yaml", "--set", f"scaling.num_workers={workers}",
+                      "--set", "train.epochs=3", "--set", "mlflow.enabled=false", "--output-dir", str(out),
+                      env={"RAY_ADDRESS": address})
+            assert run.returncode == 0, run.stderr[-3000:]
+            self.stdout[workers] = run.stdout
+            self.results[workers] = json.loads((out / "result.json").read_text())
+
+    @staticmethod
+    def weights(path: str) -> list:
+        from jobs.stateful_lstm import build_model
+
+        model = build_model(batch_size=1)
+        model.load_weights(path)
+        return model.get_weights()
+
+
+@pytest.fixture(scope="session")
+def default_job_runs(ray_address, tmp_path_factory):
+    return DefaultJobRuns(tmp_path_factory.mktemp("default-job"), ray_address)
 
 
 def free_port() -> int:

@@ -29,7 +29,7 @@ def connect(worker_logs: bool = False) -> bool:
         except ConnectionError as exc:
             raise RayParallelError(f"RAY_ADDRESS: expected a running Ray cluster, received {address!r} ({exc})") from None
         return False
-    ray.init(runtime_env=env, log_to_driver=worker_logs)
+    ray.init(address="local", runtime_env=env, log_to_driver=worker_logs)  # never a stale `ray start` cluster
     return True
 
 

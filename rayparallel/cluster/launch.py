@@ -176,6 +176,8 @@ def _print_summary(result: TrainResult) -> None:
     print(f"  final: {format_logs(final)}")
     for name, figures in result.baselines.items():
         print(f"  baseline {name}: {format_logs(figures)}")
+    print("  placement: " + "; ".join(f"rank {w['rank']} on node {w['node_id'][:8]} gpus {w['gpu_ids'] or '-'}"
+                                      for w in result.workers))
     print(f"  weights: {result.final_weights}")
     if result.checkpoints:
         print(f"  checkpoints: {len(result.checkpoints)} in {result.checkpoint_dir}")

@@ -66,6 +66,7 @@ class RunSpec:
     storage_path: Union[str, None] = None
     collective_timeout_s: float = 600.0
     checkpoints_to_keep: int = 2  # Ray's CheckpointConfig(num_to_keep) for resume state
+    pip: list = field(default_factory=list)  # extra requirements for `rayparallel submit`
 
 
 @dataclass

@@ -161,10 +161,15 @@ class MlflowRun:
         elif kind == "model":
             import mlflow.keras
 
+            import keras
+            import tensorflow as tf
+
             mlflow.set_tracking_uri(self.tracking_uri)
             model = payload["build"]()
+            requirements = [f"tensorflow=={tf.__version__}", f"keras=={keras.__version__}"]  # no slow inference
             with mlflow.start_run(run_id=self.run_id, log_system_metrics=False):
-                mlflow.keras.log_model(model, name="model", registered_model_name=payload["registered_model_name"])
+                mlflow.keras.log_model(model, name="model", registered_model_name=payload["registered_model_name"],
+                                       pip_requirements=requirements)
         elif kind == "end":
             client.set_terminated(self.run_id, status=payload["status"])
 

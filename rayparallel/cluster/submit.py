@@ -1,0 +1,111 @@
+"""`rayparallel submit`: the same job file on a remote cluster, through Ray's Jobs API.
+
+It packs the working directory (honouring `.gitignore`), passes the tracking settings
+(`MLFLOW_TRACKING_URI`) and the spec's extra pip requirements in the job's
+`runtime_env`, runs `rayparallel train JOB ...` as the job's entrypoint, follows its logs and
+exits with the job's outcome. Token authentication is found as Ray's own CLI finds it.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from ..errors import RayParallelError
+from ..spec import load_spec
+
+FORWARDED_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+ALWAYS_EXCLUDED = ["runs/", "mlruns/", "mlflow.db", ".git/", "__pycache__/", "*.egg-info/"]
+EXIT_CODES = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 130}
+
+
+def auth_token_source() -> Optional[str]:
+    """Where Ray's client will read the token from (Ray's order), or None."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return "RAY_AUTH_TOKEN"
+    if os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return os.environ["RAY_AUTH_TOKEN_PATH"]
+    default = Path.home() / ".ray" / "auth_token"
+    return str(default) if default.is_file() else None
+
+
+def runtime_env(job_file: Path, working_dir: Path, pip: Sequence[str]) -> dict:
+    env: dict = {
+        "working_dir": str(working_dir),
+        "excludes": ALWAYS_EXCLUDED + _gitignore(working_dir),
+        "env_vars": {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)},
+    }
+    if pip:
+        env["pip"] = list(pip)
+    return env
+
+
+def submit(job: str, address: str, overrides: Sequence[str] = (), wait: bool = True,
+           working_dir: Optional[str] = None, output_dir: Optional[str] = None) -> int:
+    """Submit `rayparallel train JOB` to the cluster at `address`; returns an exit code."""
+    spec = load_spec(job, overrides)  # bad specs fail here, before anything is uploaded
+    folder = Path(working_dir or os.getcwd()).resolve()
+    job_path = Path(job).resolve()
+    try:
+        relative = job_path.relative_to(folder)
+    except ValueError:
+        raise RayParallelError(f"job file: expected a file inside the working dir {str(folder)!r}, received {job!r}") from None
+    client = _client(address)
+    arguments = ["rayparallel", "train", str(relative)] + [a for o in overrides for a in ("--set", o)]
+    if output_dir:
+        arguments += ["--output-dir", output_dir]
+    entrypoint = shlex.join(arguments)
+    job_id = client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env(job_path, folder, spec.run.pip),
+                               metadata={"rayparallel.job": spec.name})
+    print(f"rayparallel: submitted {spec.name} as Ray job {job_id} to {address}")
+    print(f"  follow: ray job logs --address {address} --follow {job_id}; stop: ray job stop --address {address} {job_id}")
+    if not wait:
+        return 0
+    return _follow(client, job_id)
+
+
+def _client(address: str):
+    from ray.exceptions import AuthenticationError
+    from ray.job_submission import JobSubmissionClient
+
+    source = auth_token_source()
+    if source and not os.environ.get("RAY_AUTH_MODE"):
+        os.environ["RAY_AUTH_MODE"] = "token"  # as `ray job submit` does when a token is configured
+    try:
+        return JobSubmissionClient(address)
+    except AuthenticationError:
+        received = f"the token from {source}, which the cluster rejected" if source else "no token"
+        raise RayParallelError(
+            f"--address {address}: expected a valid Ray auth token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or "
+            f"~/.ray/auth_token; `ray get-auth-token` on the head prints it), received {received}"
+        ) from None
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RayParallelError(f"--address: expected a Ray dashboard (http://HEAD:8265), received no answer at {address!r} ({first[:200]})") from None
+
+
+def _follow(client, job_id: str) -> int:
+    from ray.job_submission import JobStatus
+
+    shown = 0
+    while True:
+        status = client.get_job_status(job_id)
+        logs = client.get_job_logs(job_id)
+        sys.stdout.write(logs[shown:])
+        sys.stdout.flush()
+        shown = len(logs)
+        if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+            print(f"rayparallel: Ray job {job_id} {status.value}")
+            return EXIT_CODES[status.value]
+        time.sleep(1.0)
+
+
+def _gitignore(folder: Path) -> list[str]:
+    path = folder / ".gitignore"
+    if not path.is_file():
+        return []
+    return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]

@@ -13,12 +13,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import shutil
 import tempfile
 import time
 from pathlib import Path
 
 
-def measure(repeats: int = 5) -> dict:
+def measure(repeats: int = 5, full_save: bool = False) -> dict:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import ray
 
@@ -35,13 +36,13 @@ def measure(repeats: int = 5) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="rayparallel-bench-"))
     started_ray = not ray.is_initialized()
     if started_ray:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     actor = CheckpointActor.remote(spec, str(folder / "actor"), [os.getcwd()])
     client = CheckpointClient(actor)
     client.save(model.get_weights(), 0, 0, 0, {})  # warm-up: the actor builds its model once
     client.flush()
 
-    sync, actor_blocked, actor_write = [], [], []
+    sync, actor_blocked, actor_write, full = [], [], [], []
     for i in range(1, repeats + 1):
         t = time.perf_counter()
         model.save_weights(str(folder / f"sync-{i}.weights.h5"))
@@ -52,7 +53,13 @@ def measure(repeats: int = 5) -> dict:
         actor_blocked.append(time.perf_counter() - t)
         client.flush()
         actor_write.append(time.perf_counter() - t)
+
+        if full_save:  # what Ray's ReportCheckpointCallback does, on every rank
+            t = time.perf_counter()
+            model.save(str(folder / f"full-{i}.keras"))
+            full.append(time.perf_counter() - t)
     ray.kill(actor)
+    shutil.rmtree(folder, ignore_errors=True)
     if started_ray:
         ray.shutdown()
     figures = {
@@ -64,6 +71,8 @@ def measure(repeats: int = 5) -> dict:
         "actor_write_total_s": statistics.median(actor_write),
     }
     figures["stall_vs_sync_save"] = figures["actor_blocked_s"] / figures["sync_save_weights_s"]
+    if full:
+        figures["full_save_s"] = statistics.median(full)
     return figures
 
 

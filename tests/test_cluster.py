@@ -56,7 +56,7 @@ def cluster(tmp_path_factory):
             if node.poll() is None:
                 os.killpg(node.pid, signal.SIGTERM)
                 try:
-                    node.wait(timeout=30)
+                    node.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     os.killpg(node.pid, signal.SIGKILL)
         log.close()

@@ -1,0 +1,175 @@
+"""All benchmarks in one invocation, interleaved and repeated: `python -m benchmarks.run [--quick] [--json PATH]`.
+
+(a) overhead: rayparallel on 1 worker against plain Keras `fit` and a bare MWMS loop on
+    Ray's TensorflowTrainer (same VGG model, batch, data, 1 thread);
+(b) scaling: rayparallel on 2 workers x 1 thread against 1 worker x 1 thread, and against
+    Keras `fit` with 2 threads;
+(c) gradient sync: seconds per synchronization against a raw MWMS all_reduce of the bytes;
+(d) checkpoint stall: rank 0 blocked per checkpoint of a 50M-parameter model, against a
+    synchronous `save_weights` and a full `model.save` (what Ray's ReportCheckpointCallback
+    does on every rank);
+(e) time to first step of `rayparallel train` from a cold CLI.
+
+Figures: a console table, a JSON file and a PNG plot. Medians of the repeats, with spreads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BATCH = 64
+
+
+def rayparallel_throughput(workers: int, epochs: int, repeat: int, out: Path) -> float:
+    import rayparallel
+
+    result = rayparallel.train(
+        str(REPO / "jobs" / "vgg_classifier.yaml"),
+        [f"scaling.num_workers={workers}", f"train.epochs={epochs}", f"data.kwargs.repeat={repeat}",
+         f"train.global_batch_size={BATCH}", "mlflow.enabled=false", "checkpoint.enabled=false",
+         "data.kwargs.seed=0"],
+        output_dir=out / f"rp-{workers}-{time.time_ns()}", verbose=False, resume=False)
+    return statistics.median(h["samples_per_s"] for h in result.history[1:])
+
+
+def time_to_first_step(out: Path) -> float:
+    folder = out / f"cold-{time.time_ns()}"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    run = subprocess.run([sys.executable, "-m", "rayparallel.cli", "train", "jobs/vgg_classifier.yaml",
+                          "--set", "train.epochs=1", "--set", "mlflow.enabled=false", "--output-dir", str(folder)],
+                         cwd=REPO, capture_output=True, text=True, env=env, timeout=900)
+    if run.returncode != 0:
+        raise RuntimeError(f"cold CLI run failed: {run.stderr[-2000:]}")
+    return json.loads((folder / "result.json").read_text())["time_to_first_step_s"]
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def measure(quick: bool) -> dict:
+    import ray
+
+    from benchmarks import baselines
+    from benchmarks.checkpoint_stall import measure as checkpoint_stall
+
+    repeats, epochs, repeat = (1, 3, 2) if quick else (3, 4, 4)
+    out = Path(tempfile.mkdtemp(prefix="rayparallel-bench-"))
+    raw: dict[str, list[float]] = {k: [] for k in ("keras_fit_1t", "keras_fit_2t", "bare_1w", "rp_1w", "rp_2w")}
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2"}})
+    try:
+        for r in range(repeats):  # interleaved: every variant once per round
+            print(f"round {r + 1}/{repeats}", flush=True)
+            raw["keras_fit_1t"].append(baselines.keras_fit(1, epochs, BATCH, repeat))
+            raw["bare_1w"].append(baselines.bare_loop(1, epochs, BATCH, repeat, str(out / "ray")))
+            raw["rp_1w"].append(rayparallel_throughput(1, epochs, repeat, out))
+            raw["rp_2w"].append(rayparallel_throughput(2, epochs, repeat, out))
+            raw["keras_fit_2t"].append(baselines.keras_fit(2, epochs, BATCH, repeat))
+            for key, values in raw.items():
+                print(f"  {key}: {values[-1]:.0f} samples/s", flush=True)
+        sync = baselines.sync_probe(iterations=20 if quick else 50, repeats=3 if quick else 5, storage=str(out / "ray"))
+        stall = checkpoint_stall(repeats=2 if quick else 5, full_save=True)
+    finally:
+        ray.shutdown()
+    cold = [time_to_first_step(out) for _ in range(1 if quick else 2)]
+
+    med = {k: statistics.median(v) for k, v in raw.items()}
+    return {
+        "machine": machine(),
+        "quick": quick,
+        "samples_per_s": {k: spread(v) for k, v in raw.items()},
+        "overhead_vs_keras_fit": med["keras_fit_1t"] / med["rp_1w"],
+        "overhead_vs_bare_ray": med["bare_1w"] / med["rp_1w"],
+        "scaling_efficiency_2w": med["rp_2w"] / (2 * med["rp_1w"]),
+        "speedup_vs_keras_2threads": med["rp_2w"] / med["keras_fit_2t"],
+        "sync": sync,
+        "sync_vs_raw_allreduce": sync["optimizer_sync_s"] / sync["raw_allreduce_s"],
+        "checkpoint": stall,
+        "checkpoint_stall_vs_sync_save": stall["stall_vs_sync_save"],
+        "time_to_first_step_s": statistics.median(cold),
+        "time_to_first_step_runs_s": cold,
+    }
+
+
+def machine() -> str:
+    import platform
+
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
+    memory = int(next(l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal"))) // 2**20
+    return f"{os.cpu_count()} cores ({cpu}), {memory} GiB, no GPU, Python {platform.python_version()}"
+
+
+def table(f: dict) -> str:
+    s = f["samples_per_s"]
+    rows = [
+        ("(a) overhead vs Keras fit (step time ratio, target <= 1.05)", f"{f['overhead_vs_keras_fit']:.3f}"),
+        ("(a) overhead vs bare MWMS loop on Ray (target <= 1.02)", f"{f['overhead_vs_bare_ray']:.3f}"),
+        ("(b) scaling efficiency, 2 workers (target >= 0.9)", f"{f['scaling_efficiency_2w']:.3f}"),
+        ("(b) speedup vs Keras fit with 2 threads (target >= 1.15)", f"{f['speedup_vs_keras_2threads']:.3f}"),
+        ("(c) sync time vs raw all_reduce (target <= 1.1)", f"{f['sync_vs_raw_allreduce']:.3f}"),
+        ("(d) checkpoint stall vs sync save_weights (target <= 0.05)", f"{f['checkpoint_stall_vs_sync_save']:.4f}"),
+        ("(e) time to first step, cold CLI (s)", f"{f['time_to_first_step_s']:.1f}"),
+    ]
+    lines = [f"machine: {f['machine']}", "", "throughput (samples/s, median [min-max] of repeats):"]
+    for key, value in s.items():
+        lines.append(f"  {key:14s} {value['median']:8.0f}  [{value['min']:.0f}-{value['max']:.0f}] n={value['n']}")
+    sync, ck = f["sync"], f["checkpoint"]
+    lines += ["", f"gradient sync: {sync['gradient_bytes'] / 2**20:.2f} MiB, optimizer sync {sync['optimizer_sync_s'] * 1e3:.2f} ms "
+              f"vs raw all_reduce {sync['raw_allreduce_s'] * 1e3:.2f} ms",
+              f"checkpoint ({ck['parameters'] / 1e6:.1f}M params): rank 0 blocked {ck['actor_blocked_s'] * 1e3:.1f} ms, "
+              f"sync save_weights {ck['sync_save_weights_s'] * 1e3:.0f} ms, full model.save {ck.get('full_save_s', 0) * 1e3:.0f} ms", ""]
+    width = max(len(r[0]) for r in rows)
+    lines += [f"{name:{width}s}  {value}" for name, value in rows]
+    return "\n".join(lines)
+
+
+def plot(f: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    names = list(f["samples_per_s"])
+    left.bar(names, [f["samples_per_s"][n]["median"] for n in names], color="#4c72b0")
+    left.set_ylabel("samples/s (median)")
+    left.set_title("VGG digits throughput, 2-core CPU")
+    left.tick_params(axis="x", rotation=30)
+    ratios = {"overhead\nvs fit": (f["overhead_vs_keras_fit"], 1.05), "overhead\nvs bare": (f["overhead_vs_bare_ray"], 1.02),
+              "scaling\neff.": (f["scaling_efficiency_2w"], 0.9), "speedup vs\nfit 2 thr.": (f["speedup_vs_keras_2threads"], 1.15),
+              "sync vs\nall_reduce": (f["sync_vs_raw_allreduce"], 1.1)}
+    right.bar(list(ratios), [v for v, _ in ratios.values()], color="#dd8452", label="measured")
+    right.scatter(list(ratios), [t for _, t in ratios.values()], color="black", marker="_", s=400, label="target")
+    right.set_title("ratios against targets")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="rayparallel benchmarks")
+    parser.add_argument("--quick", action="store_true", help="one round, short epochs (under 5 minutes here)")
+    parser.add_argument("--json", default="benchmarks/results.json", help="where to write the figures")
+    parser.add_argument("--plot", default="benchmarks/results.png", help="where to write the PNG plot")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    figures = measure(args.quick)
+    figures["benchmark_seconds"] = time.perf_counter() - started
+    Path(args.json).write_text(json.dumps(figures, indent=2))
+    plot(figures, Path(args.plot))
+    print(table(figures))
+    print(f"\nwritten: {args.json}, {args.plot} ({figures['benchmark_seconds']:.0f}s)")
+
+
+if __name__ == "__main__":
+    main()

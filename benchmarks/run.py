@@ -42,14 +42,16 @@ def rayparallel_throughput(workers: int, epochs: int, repeat: int, out: Path) ->
 
 
 def time_to_first_step(out: Path) -> float:
+    """From launching `rayparallel train` (cold: its own new local Ray) to rank 0's first step."""
     folder = out / f"cold-{time.time_ns()}"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    launched = time.time()
     run = subprocess.run([sys.executable, "-m", "rayparallel.cli", "train", "jobs/vgg_classifier.yaml",
                           "--set", "train.epochs=1", "--set", "mlflow.enabled=false", "--output-dir", str(folder)],
                          cwd=REPO, capture_output=True, text=True, env=env, timeout=900)
     if run.returncode != 0:
         raise RuntimeError(f"cold CLI run failed: {run.stderr[-2000:]}")
-    return json.loads((folder / "result.json").read_text())["time_to_first_step_s"]
+    return json.loads((folder / "result.json").read_text())["first_step_at"] - launched
 
 
 def spread(values: list[float]) -> dict:

@@ -92,3 +92,22 @@ def cnn_nan_after(batch_size: int = 4, steps: int = 15):
     inputs = keras.Input(shape=(8, 8, 1))
     h = keras.layers.GlobalAveragePooling2D()(keras.layers.Conv2D(4, 3, activation="relu")(inputs))
     return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(NanAfter()(h)))
+
+
+# --- job specs the tests start from -------------------------------------------------------
+
+LSTM_JOB = {
+    "name": "lstm",
+    "model": {"builder": "tests.models:stateful_lstm"},
+    "data": {"loader": "tests.models:sine_streams", "layout": "streams"},
+    "train": {"global_batch_size": 6, "epochs": 2, "optimizer": {"class_name": "Adam", "config": {"learning_rate": 0.02}},
+              "metrics": ["mae"], "seed": 3},
+    "scaling": {"num_workers": 2},
+}
+
+
+def lstm_job(name: str, *overrides: str) -> dict:
+    """The small stateful LSTM job, renamed and changed with `--set`-style overrides."""
+    from rayparallel.spec import apply_overrides
+
+    return apply_overrides(dict(LSTM_JOB, name=name), overrides)

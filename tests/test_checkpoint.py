@@ -9,21 +9,13 @@ import numpy as np
 import pytest
 
 import rayparallel
+from tests.models import lstm_job
 from rayparallel.errors import RayParallelError
 
 from .conftest import cli
 
-LSTM = {
-    "name": "ckpt-lstm",
-    "model": {"builder": "tests.models:stateful_lstm"},
-    "data": {"loader": "tests.models:sine_streams", "layout": "streams"},
-    "train": {"global_batch_size": 6, "epochs": 4, "optimizer": {"class_name": "Adam", "config": {"learning_rate": 0.02}},
-              "metrics": ["mae"], "seed": 3},
-    "scaling": {"num_workers": 2},
-    "checkpoint": {"filepath": "lstm-{epoch:02d}-{val_loss:.4f}-{val_mae:.4f}.weights.h5", "monitor": "val_loss",
-                   "mode": "min", "keep": 1},
-}
-
+LSTM = lstm_job("ckpt-lstm", "train.epochs=4", "checkpoint.monitor=val_loss", "checkpoint.mode=min", "checkpoint.keep=1",
+               "checkpoint.filepath=lstm-{epoch:02d}-{val_loss:.4f}-{val_mae:.4f}.weights.h5")
 
 @pytest.fixture(scope="module")
 def trained(ray_address, tmp_path_factory):

@@ -6,17 +6,11 @@ import numpy as np
 import pytest
 
 import rayparallel
+from tests.models import lstm_job
 
 pytestmark = pytest.mark.slow
 
-LSTM = {
-    "name": "eq-lstm",
-    "model": {"builder": "tests.models:stateful_lstm"},
-    "data": {"loader": "tests.models:sine_streams", "layout": "streams"},
-    "train": {"global_batch_size": 6, "epochs": 2, "optimizer": {"class_name": "Adam", "config": {"learning_rate": 0.02}},
-              "metrics": ["mae"], "seed": 3},
-    "scaling": {"num_workers": 1},
-}
+LSTM = lstm_job("eq-lstm", "scaling.num_workers=1")
 CNN = {
     "name": "eq-cnn",
     "model": {"builder": "tests.models:small_cnn"},

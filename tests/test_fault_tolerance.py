@@ -13,20 +13,13 @@ import numpy as np
 import pytest
 
 import rayparallel
+from tests.models import lstm_job
 from rayparallel.errors import RayParallelError
 
 pytestmark = pytest.mark.slow
 
-LSTM = {
-    "name": "fault-lstm",
-    "model": {"builder": "tests.models:stateful_lstm"},
-    "data": {"loader": "tests.models:sine_streams", "layout": "streams", "kwargs": {"windows": 150}},
-    "train": {"global_batch_size": 6, "epochs": 5, "optimizer": {"class_name": "Adam", "config": {"learning_rate": 0.01}},
-              "metrics": ["mae"], "seed": 3},
-    "scaling": {"num_workers": 2},
-    "mlflow": {"enabled": False},
-}
-
+LSTM = lstm_job("fault-lstm", "data.kwargs.windows=150", "train.epochs=5",
+               "train.optimizer.config.learning_rate=0.01", "mlflow.enabled=false")
 
 def weights_of(result):
     from tests.models import stateful_lstm
@@ -139,3 +132,37 @@ def test_resume_continues_the_same_run_exactly_and_fresh_starts_anew(uninterrupt
     assert "(fresh)" in capsys.readouterr().out and fresh.mlflow["run_id"] != first.mlflow["run_id"]
     with pytest.raises(RayParallelError, match="--resume: expected a previous run with a saved epoch in"):
         rayparallel.train(spec, output_dir=tmp_path / "empty", resume=True)
+
+
+def test_ctrl_c_ends_the_run_cleanly(ray_address, tmp_path):
+    import subprocess
+    import sys
+
+    import ray
+    from mlflow.tracking import MlflowClient
+
+    from .conftest import REPO
+
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    job = tmp_path / "job.yaml"
+    job.write_text(__import__("yaml").safe_dump(dict(LSTM, name="fault-sigint", mlflow={"tracking_uri": store})))
+    cli = subprocess.Popen([sys.executable, "-m", "rayparallel.cli", "train", str(job), "--output-dir", str(tmp_path / "out")],
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env={**os.environ, "RAY_ADDRESS": ray_address, "PYTHONUNBUFFERED": "1"})
+    seen = []
+    for line in cli.stdout:  # wait until training shows progress
+        seen.append(line)
+        if line.startswith("Epoch 1/"):
+            break
+    cli.send_signal(signal.SIGINT)
+    rest, _ = cli.communicate(timeout=120)
+    output = "".join(seen) + rest
+    assert cli.returncode == 130, output[-2000:]
+    assert "interrupted; MLflow run marked KILLED; continue with: rayparallel train ... --resume" in output
+    assert "Traceback" not in output
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["status"] == "KILLED"
+    client = MlflowClient(store)
+    run = client.search_runs([client.get_experiment_by_name("fault-sigint").experiment_id])[0]
+    assert run.info.status == "KILLED"
+    time.sleep(2)  # the CLI's driver is gone, and with it every actor it owned
+    assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("rayparallel:fault-sigint")]

@@ -11,20 +11,13 @@ import numpy as np
 import pytest
 
 import rayparallel
+from tests.models import lstm_job
 
 from .conftest import REPO, MlflowServer, cli
 
 pytestmark = pytest.mark.slow
 
-LSTM = {
-    "name": "mlflow-lstm",
-    "model": {"builder": "tests.models:stateful_lstm"},
-    "data": {"loader": "tests.models:sine_streams", "layout": "streams"},
-    "train": {"global_batch_size": 6, "epochs": 3, "optimizer": {"class_name": "Adam", "config": {"learning_rate": 0.02}},
-              "metrics": ["mae"], "seed": 3, "progress_every_n_steps": 2},
-    "scaling": {"num_workers": 2},
-}
-
+LSTM = lstm_job("mlflow-lstm", "train.epochs=3", "train.progress_every_n_steps=2")
 
 def test_run_is_complete_in_a_real_server(ray_address, mlflow_server, tmp_path):
     import mlflow

@@ -48,6 +48,7 @@ class CheckpointWriter:
         self._policy = Policy(spec.checkpoint)
         self._final: Optional[Saved] = None
         self._final_values: Optional[list] = None
+        self._first_step_at: Optional[float] = None
         self._recipe: Optional[dict] = None
         self._model_lock = threading.Lock()
         threading.Thread(target=self._warm_up, daemon=True).start()
@@ -84,6 +85,11 @@ class CheckpointWriter:
         with self._lock:
             for epoch, logs in enumerate(history, start=1):
                 self._history.setdefault(epoch, dict(logs))
+
+    def mark_first_step(self, at: float) -> None:
+        """Wall-clock time rank 0 finished its first training step (start-up cost)."""
+        with self._lock:
+            self._first_step_at = self._first_step_at or at
 
     def best_value(self) -> Optional[float]:
         """The monitor's best so far, so a restarted rank 0 keeps `save_best_only` right."""
@@ -147,7 +153,8 @@ class CheckpointWriter:
                     "final_weights": str(self._dir / FINAL) if self._final else None,
                     "checkpoint_dir": str(self._dir),
                     "checkpoints": [str(self._dir / s.file) for s in self._policy.saved],
-                    "workers": [self._workers[r] for r in sorted(self._workers)]}
+                    "workers": [self._workers[r] for r in sorted(self._workers)],
+                    "first_step_at": self._first_step_at}
 
     # -- internals ----------------------------------------------------------------------
     def _write(self, weights: list, path: Path) -> None:

@@ -32,18 +32,19 @@ from .run_state import RunState, plan_run
 
 def launch(spec: JobSpec, output_dir: Path, baselines: dict, search_path: list[str], verbose: bool = True,
            worker_logs: bool = False, resume: Optional[bool] = None) -> TrainResult:
+    started_at = time.time()
     started_ray = cluster.connect(worker_logs)
     try:
         if started_ray or not os.environ.get("RAY_ADDRESS"):
             cluster.check_capacity(spec)
-        return _fit(spec, output_dir, baselines, search_path, verbose, resume)
+        return _fit(spec, output_dir, baselines, search_path, verbose, resume, started_at)
     finally:
         if started_ray:
             ray.shutdown()
 
 
 def _fit(spec: JobSpec, output_dir: Path, baselines: dict, search_path: list[str], verbose: bool,
-         resume: Optional[bool]) -> TrainResult:
+         resume: Optional[bool], started_at: float) -> TrainResult:
     started = time.perf_counter()
     say = print if verbose else (lambda *_: None)
     storage_path = spec.run.storage_path or str(output_dir / "ray_results")
@@ -96,11 +97,13 @@ def _fit(spec: JobSpec, output_dir: Path, baselines: dict, search_path: list[str
         raise
     if error is not None:
         end("FAILED", [job_file])
-        raise _user_error(error) or error
+        raise _user_error(error, storage_path) or error
 
     summary = ray.get(actor.summary.remote())
     result = TrainResult(name=spec.name, output_dir=str(output_dir), seconds=time.perf_counter() - started,
                          baselines=baselines, mlflow=tracking or {}, **summary)
+    if result.first_step_at:
+        result.time_to_first_step_s = result.first_step_at - started_at
     result_file = result.write()
     result.mlflow = end("FINISHED", [job_file, result_file]) or {}
     result.write()
@@ -157,8 +160,13 @@ def checkpoint_dir(spec: JobSpec, output_dir: Path) -> Path:
     return Path(spec.checkpoint.dir).resolve() if spec.checkpoint.dir else output_dir / "checkpoints"
 
 
-def _user_error(error: BaseException) -> RayParallelError | None:
+def _user_error(error: BaseException, storage_path: str) -> RayParallelError | None:
     """The user's bad input raised inside a worker, unwrapped from Ray's failure wrappers."""
+    if "Unable to set up cluster storage" in str(error):  # Ray Train's check from every node
+        return RayParallelError(
+            f"run.storage_path: expected shared storage that every node can read and write for a multi-node "
+            f"run (an NFS mount, s3://..., gs://...), received {storage_path!r}"
+        )
     failures = getattr(error, "worker_failures", None) or {}
     for failure in [error, *failures.values()]:
         seen = set()
@@ -172,7 +180,8 @@ def _user_error(error: BaseException) -> RayParallelError | None:
 
 def _print_summary(result: TrainResult) -> None:
     final = result.final
-    print(f"\nrayparallel: {result.name} finished in {result.seconds:.1f}s on {len(result.workers)} workers")
+    print(f"\nrayparallel: {result.name} finished in {result.seconds:.1f}s on {len(result.workers)} workers"
+          + (f" (first step after {result.time_to_first_step_s:.1f}s)" if result.time_to_first_step_s else ""))
     print(f"  final: {format_logs(final)}")
     for name, figures in result.baselines.items():
         print(f"  baseline {name}: {format_logs(figures)}")

@@ -126,6 +126,8 @@ class WorkerRun:
         rows = shards.worker_rows(order, self.batch, self.rank, self.world)
         for step, (x, y) in enumerate(self._batches(self.data.train, rows), start=1):
             self.steps.train_step(x, y)
+            if step == 1 and epoch == self.start_epoch + 1 and self.rank == 0:
+                self.actor.mark_first_step.remote(time.time())
             global_step = (epoch - 1) * steps_per_epoch + step
             if step < steps_per_epoch and step % every == 0:
                 loss = self.figures.running_loss(step)  # a collective: every rank calls it

@@ -29,14 +29,14 @@ REPO = Path(__file__).resolve().parents[1]
 BATCH = 64
 
 
-def rayparallel_throughput(workers: int, epochs: int, repeat: int, out: Path) -> float:
+def rayparallel_throughput(workers: int, epochs: int, repeat: int, out: Path, overrides: list[str] = ()) -> float:
     import rayparallel
 
     result = rayparallel.train(
         str(REPO / "jobs" / "vgg_classifier.yaml"),
         [f"scaling.num_workers={workers}", f"train.epochs={epochs}", f"data.kwargs.repeat={repeat}",
          f"train.global_batch_size={BATCH}", "mlflow.enabled=false", "checkpoint.enabled=false",
-         "data.kwargs.seed=0"],
+         "data.kwargs.seed=0", *overrides],
         output_dir=out / f"rp-{workers}-{time.time_ns()}", verbose=False, resume=False)
     return statistics.median(h["samples_per_s"] for h in result.history[1:])
 

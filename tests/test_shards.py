@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rayparallel.worker.shards import epoch_order, worker_rows
+from rayparallel.worker.shards import Split, batches, epoch_order, worker_rows
 
 
 def test_streams_each_worker_owns_a_fixed_ordered_slice_of_streams():
@@ -31,3 +31,14 @@ def test_shuffle_is_seeded_per_epoch_and_identical_everywhere():
     assert (a == epoch_order(100, epoch=0, layout="shuffle", seed=1)).all()
     assert not (a == epoch_order(100, epoch=1, layout="shuffle", seed=1)).all()
     assert sorted(a) == list(range(100))
+
+
+def test_batches_feed_each_worker_its_rows_in_step_order_for_every_input():
+    x = {"a": np.arange(20) * 10, "b": np.arange(20) * 100}
+    split = Split(x=x, y=np.arange(20))
+    rows = worker_rows(epoch_order(20, epoch=2, layout="shuffle", seed=5), 8, rank=1, num_workers=2)  # 2 steps x 4
+    fed = list(batches(split, rows, per_worker=4))
+    assert len(fed) == 2
+    for step, (xb, yb) in enumerate(fed):
+        expected = rows[step * 4:(step + 1) * 4]
+        assert (yb == expected).all() and (xb["a"] == expected * 10).all() and (xb["b"] == expected * 100).all()

@@ -41,9 +41,7 @@ class WorkerRun:
         self.strategy = make_strategy(spec.scaling.use_gpu, spec.run.collective_timeout_s)
 
         import keras
-        import tensorflow as tf
 
-        self.tf = tf
         keras.utils.set_random_seed(spec.train.seed)
         self.batch, self.per_worker = spec.train.global_batch_size, spec.per_worker_batch_size
         self.data = shards.load_data(spec.data, self.batch)
@@ -124,7 +122,7 @@ class WorkerRun:
         started = time.perf_counter()
         order = shards.epoch_order(self.data.train.rows, epoch - 1, spec.data.layout, spec.train.seed)
         rows = shards.worker_rows(order, self.batch, self.rank, self.world)
-        for step, (x, y) in enumerate(self._batches(self.data.train, rows), start=1):
+        for step, (x, y) in enumerate(shards.batches(self.data.train, rows, self.per_worker), start=1):
             self.steps.train_step(x, y)
             if step == 1 and epoch == self.start_epoch + 1 and self.rank == 0:
                 self.actor.mark_first_step.remote(time.time())
@@ -156,7 +154,7 @@ class WorkerRun:
         self.steps.reset()
         val = self.data.val
         rows = shards.worker_rows(shards.epoch_order(val.rows, 0, "streams", 0), self.batch, self.rank, self.world)
-        for x, y in self._batches(val, rows):
+        for x, y in shards.batches(val, rows, self.per_worker):
             self.steps.eval_step(x, y)
         replica.reset_states(self.stateful)
         return self.figures.collect(shards.steps_per_epoch(val.rows, self.batch), prefix="val_")
@@ -168,9 +166,3 @@ class WorkerRun:
         self.policy.note(metrics)
         if self.client is not None:
             self.client.save(weights, epoch, step, batch, metrics)
-
-    def _batches(self, split: shards.Split, rows: Any) -> Any:
-        """This worker's rows as full per-worker batches, prefetched."""
-        tf = self.tf
-        dataset = tf.data.Dataset.from_tensor_slices((shards.take(split.x, rows), split.y[rows]))
-        return dataset.batch(self.per_worker, drop_remainder=True).prefetch(tf.data.AUTOTUNE)

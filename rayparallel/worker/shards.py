@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
@@ -101,13 +101,27 @@ def _leaves(x: Any) -> list[tuple[str, np.ndarray]]:
     return [("", x)]
 
 
-def take(x: Any, rows: np.ndarray) -> Any:
-    """Rows `rows` of every array in `x` (array, tuple or dict)."""
+def take(x: Any, rows: Any) -> Any:
+    """Rows `rows` (an index array or a slice) of every array in `x` (array, tuple or dict)."""
     if isinstance(x, dict):
         return {k: v[rows] for k, v in x.items()}
     if isinstance(x, tuple):
         return tuple(v[rows] for v in x)
     return x[rows]
+
+
+def batches(split: Split, rows: np.ndarray, per_worker: int) -> Iterator[tuple[Any, np.ndarray]]:
+    """This worker's rows as full per-worker batches, in step order.
+
+    One gather per epoch, then contiguous views per step, fed straight to the compiled
+    step. No tf.data pipeline: on a busy CPU its background threads (prefetch, autotune)
+    wait for a time slice and stall the step, which halved 2-worker throughput in some
+    epochs here (benchmarks/RESULTS.md).
+    """
+    x, y = take(split.x, rows), split.y[rows]
+    for start in range(0, len(rows) - per_worker + 1, per_worker):
+        end = start + per_worker
+        yield take(x, slice(start, end)), y[start:end]
 
 
 def steps_per_epoch(rows: int, global_batch_size: int) -> int:

@@ -3,21 +3,26 @@
 - `keras_fit`: single-process Keras 3 `model.fit`, run in a fresh subprocess so its thread
   count can be set before TensorFlow starts.
 - `bare_loop`: a minimal hand-written MultiWorkerMirroredStrategy loop on Ray's
-  `TensorflowTrainer`: the same model, batch, data and threads, no metrics, no progress,
-  no checkpoints.
-- `sync_probe`: on 2 workers, the time of one gradient synchronization as rayparallel does
-  it (the Keras optimizer's `apply_gradients` under `strategy.run`, minus the same update
-  without distribution) against a raw MWMS `all_reduce` of the same bytes.
+  `TensorflowTrainer`: the same model, batch, data, threads and input feed (NumPy views
+  per step; tf.data's prefetch threads halve some 2-worker epochs on this 2-core machine,
+  see RESULTS.md), no metrics, no progress, no checkpoints. With `sync=False` each
+  worker trains alone on its rows: what the machine can do with N processes at all.
+- `sync_probe`: on 2 workers, for gradients of several sizes, the time of one gradient
+  synchronization as the training step does it (the Keras optimizer's all-reduce of the
+  gradient list: concat, one collective, split) against a raw MWMS `all_reduce` of one
+  flat tensor of the same bytes, both on rayparallel's own strategy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
@@ -73,7 +78,8 @@ def _bare_loop_worker(config: dict) -> None:
     per_worker = batch // world
     data = load_data(repeat=config["repeat"])
     x, y = data["x_train"], data["y_train"]
-    with strategy.scope():
+    scope = strategy.scope() if config["sync"] else contextlib.nullcontext()
+    with scope:
         model = build_model(batch_size=per_worker)
         optimizer = keras.optimizers.Adam(0.001)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(reduction=None)
@@ -84,101 +90,87 @@ def _bare_loop_worker(config: dict) -> None:
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
 
-    step = tf.function(lambda xb, yb: strategy.run(replica_step, args=(xb, yb)))
+    if config["sync"]:
+        step = tf.function(lambda xb, yb: strategy.run(replica_step, args=(xb, yb)))
+    else:
+        step = tf.function(replica_step)
     steps = len(y) // batch
     rates = []
     for epoch in range(config["epochs"]):
         order = np.random.default_rng([0, epoch]).permutation(len(y))[: steps * batch]
         rows = order.reshape(steps, world, per_worker)[:, rank, :].reshape(-1)
-        dataset = tf.data.Dataset.from_tensor_slices((x[rows], y[rows])).batch(per_worker).prefetch(tf.data.AUTOTUNE)
+        xs, ys = x[rows], y[rows]
         started = time.perf_counter()
-        for xb, yb in dataset:
-            step(xb, yb)
+        for start in range(0, steps * per_worker, per_worker):
+            step(xs[start:start + per_worker], ys[start:start + per_worker])
         rates.append(steps * batch / (time.perf_counter() - started))
     if rank == 0:  # Ray Train V2 keeps reported metrics only with checkpoints: hand figures over as a file
         with open(config["out"], "w") as f:
             json.dump(rates, f)
 
 
-def bare_loop(workers: int, epochs: int, batch: int, repeat: int, storage: str) -> float:
-    """Samples/s of the bare MWMS loop on Ray Train (median of the epochs after the first)."""
-    out = os.path.join(storage, f"bare-{time.time_ns()}.json")
-    os.makedirs(storage, exist_ok=True)
+def _run_on_ray(worker: Any, workers: int, config: dict, storage: str, name: str) -> Any:
+    """Run `worker` on a TensorflowTrainer; rank 0 writes its figures to a JSON file we read back."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.tensorflow import TensorflowTrainer
 
-    trainer = TensorflowTrainer(
-        _bare_loop_worker,
-        train_loop_config={"repo": REPO, "batch": batch, "repeat": repeat, "epochs": epochs, "out": out},
+    os.makedirs(storage, exist_ok=True)
+    out = os.path.join(storage, f"{name}-{time.time_ns()}.json")
+    TensorflowTrainer(
+        worker,
+        train_loop_config=dict(config, repo=REPO, out=out),
         scaling_config=ScalingConfig(num_workers=workers),
-        run_config=RunConfig(name=f"bare-{workers}-{time.time_ns()}", storage_path=storage),
-    )
-    trainer.fit()
+        run_config=RunConfig(name=f"{name}-{time.time_ns()}", storage_path=storage),
+    ).fit()
     with open(out) as f:
-        return statistics.median(json.load(f)[1:])
+        return json.load(f)
+
+
+def bare_loop(workers: int, epochs: int, batch: int, repeat: int, storage: str, sync: bool = True) -> float:
+    """Samples/s of the bare MWMS loop on Ray Train (median of the epochs after the first)."""
+    config = {"batch": batch, "repeat": repeat, "epochs": epochs, "sync": sync}
+    return statistics.median(_run_on_ray(_bare_loop_worker, workers, config, storage, "bare")[1:])
 
 
 def _sync_worker(config: dict) -> None:
     import ray.train
     import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    import keras
+    from rayparallel.worker.sync import configure_threads, make_strategy
 
+    configure_threads(1)
+    strategy = make_strategy(use_gpu=False, timeout_s=600.0)
     sys.path.insert(0, config["repo"])
     from jobs.vgg_classifier import build_model
 
-    iterations = config["iterations"]
-    with strategy.scope():
-        model = build_model(batch_size=32)
-        optimizer = keras.optimizers.Adam(0.001)
-    local_model, local_optimizer = build_model(batch_size=32), keras.optimizers.Adam(0.001)
-    grads = [tf.ones_like(v) * 1e-3 for v in model.trainable_variables]
-    nbytes = sum(int(np.prod(g.shape)) * 4 for g in grads)
-    flat = tf.ones([nbytes // 4])
+    iterations, result = config["iterations"], []
+    for filters in config["filters"]:
+        grads = [tf.ones(v.shape) * 1e-3 for v in build_model(batch_size=32, filters=filters).trainable_variables]
+        flat = tf.ones([sum(int(np.prod(g.shape)) for g in grads)])
 
-    def synced():
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        def gradient_sync():  # what the Keras optimizer does with the gradients of a step
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, [tf.identity(g) for g in grads])
 
-    def raw():
-        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, tf.identity(flat))
+        def raw():
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, tf.identity(flat))
 
-    run_synced = tf.function(lambda: [strategy.run(synced) for _ in range(iterations)])
-    run_raw = tf.function(lambda: [strategy.run(raw) for _ in range(iterations)])
-    run_local = tf.function(lambda: [local_optimizer.apply_gradients(zip(grads, local_model.trainable_variables))
-                                     for _ in range(iterations)])
-    figures = {"synced": [], "raw": [], "local": []}
-    for _ in range(config["repeats"] + 1):  # the first round traces
-        for name, fn in (("raw", run_raw), ("synced", run_synced), ("local", run_local)):
-            started = time.perf_counter()
-            out = fn()
-            tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, out)
-            figures[name].append((time.perf_counter() - started) / iterations)
-    result = {name: statistics.median(values[1:]) for name, values in figures.items()}
-    result["bytes"] = nbytes
+        timings = {}
+        for name, fn in (("raw", raw), ("gradient_sync", gradient_sync)):
+            run = tf.function(lambda fn=fn: [strategy.run(fn) for _ in range(iterations)])
+            rounds = []
+            for _ in range(config["repeats"] + 1):  # the first round traces
+                started = time.perf_counter()
+                tf.nest.map_structure(lambda t: t.numpy(), strategy.experimental_local_results(run()))
+                rounds.append((time.perf_counter() - started) / iterations)
+            timings[name] = statistics.median(rounds[1:])
+        result.append({"filters": filters, "tensors": len(grads), "bytes": int(flat.shape[0]) * 4,
+                       "raw_allreduce_s": timings["raw"], "gradient_sync_s": timings["gradient_sync"]})
     if ray.train.get_context().get_world_rank() == 0:
         with open(config["out"], "w") as f:
             json.dump(result, f)
 
 
-def sync_probe(iterations: int, repeats: int, storage: str) -> dict:
-    """Seconds per synchronization (optimizer path minus local update) and per raw all_reduce."""
-    out = os.path.join(storage, f"sync-{time.time_ns()}.json")
-    os.makedirs(storage, exist_ok=True)
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.tensorflow import TensorflowTrainer
-
-    trainer = TensorflowTrainer(
-        _sync_worker,
-        train_loop_config={"repo": REPO, "iterations": iterations, "repeats": repeats, "out": out},
-        scaling_config=ScalingConfig(num_workers=2),
-        run_config=RunConfig(name=f"sync-{time.time_ns()}", storage_path=storage),
-    )
-    trainer.fit()
-    with open(out) as f:
-        metrics = json.load(f)
-    return {"gradient_bytes": metrics["bytes"], "raw_allreduce_s": metrics["raw"],
-            "optimizer_sync_s": max(metrics["synced"] - metrics["local"], 0.0),
-            "optimizer_apply_total_s": metrics["synced"], "local_update_s": metrics["local"]}
+def sync_probe(iterations: int, repeats: int, storage: str, filters: tuple = (8, 16, 32, 64)) -> list[dict]:
+    """Seconds per gradient synchronization and per raw all_reduce, for VGG models of several widths."""
+    config = {"iterations": iterations, "repeats": repeats, "filters": list(filters)}
+    return _run_on_ray(_sync_worker, 2, config, storage, "sync")

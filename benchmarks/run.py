@@ -3,8 +3,10 @@
 (a) overhead: rayparallel on 1 worker against plain Keras `fit` and a bare MWMS loop on
     Ray's TensorflowTrainer (same VGG model, batch, data, 1 thread);
 (b) scaling: rayparallel on 2 workers x 1 thread against 1 worker x 1 thread, and against
-    Keras `fit` with 2 threads;
-(c) gradient sync: seconds per synchronization against a raw MWMS all_reduce of the bytes;
+    Keras `fit` with 2 threads; beside it the bare MWMS loop on 2 workers and two workers
+    that do not synchronize at all (what two processes can do on this machine);
+(c) gradient sync: seconds per synchronization against gradient bytes (VGG models of
+    several widths), against a raw MWMS all_reduce of the same bytes;
 (d) checkpoint stall: rank 0 blocked per checkpoint of a 50M-parameter model, against a
     synchronous `save_weights` and a full `model.save` (what Ray's ReportCheckpointCallback
     does on every rank);
@@ -66,7 +68,8 @@ def measure(quick: bool) -> dict:
 
     repeats, epochs, repeat = (1, 3, 2) if quick else (3, 4, 4)
     out = Path(tempfile.mkdtemp(prefix="rayparallel-bench-"))
-    raw: dict[str, list[float]] = {k: [] for k in ("keras_fit_1t", "keras_fit_2t", "bare_1w", "rp_1w", "rp_2w")}
+    variants = ("keras_fit_1t", "keras_fit_2t", "bare_1w", "bare_2w", "nosync_2w", "rp_1w", "rp_2w")
+    raw: dict[str, list[float]] = {k: [] for k in variants}
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2"}})
     try:
@@ -76,6 +79,8 @@ def measure(quick: bool) -> dict:
             raw["bare_1w"].append(baselines.bare_loop(1, epochs, BATCH, repeat, str(out / "ray")))
             raw["rp_1w"].append(rayparallel_throughput(1, epochs, repeat, out))
             raw["rp_2w"].append(rayparallel_throughput(2, epochs, repeat, out))
+            raw["bare_2w"].append(baselines.bare_loop(2, epochs, BATCH, repeat, str(out / "ray")))
+            raw["nosync_2w"].append(baselines.bare_loop(2, epochs, BATCH, repeat, str(out / "ray"), sync=False))
             raw["keras_fit_2t"].append(baselines.keras_fit(2, epochs, BATCH, repeat))
             for key, values in raw.items():
                 print(f"  {key}: {values[-1]:.0f} samples/s", flush=True)
@@ -86,6 +91,7 @@ def measure(quick: bool) -> dict:
     cold = [time_to_first_step(out) for _ in range(1 if quick else 2)]
 
     med = {k: statistics.median(v) for k, v in raw.items()}
+    benchmark_model = next(row for row in sync if row["filters"] == 32)  # jobs/vgg_classifier.yaml's width
     return {
         "machine": machine(),
         "quick": quick,
@@ -94,8 +100,10 @@ def measure(quick: bool) -> dict:
         "overhead_vs_bare_ray": med["bare_1w"] / med["rp_1w"],
         "scaling_efficiency_2w": med["rp_2w"] / (2 * med["rp_1w"]),
         "speedup_vs_keras_2threads": med["rp_2w"] / med["keras_fit_2t"],
+        "overhead_vs_bare_ray_2w": med["bare_2w"] / med["rp_2w"],
+        "scaling_efficiency_2w_without_sync": med["nosync_2w"] / (2 * med["rp_1w"]),
         "sync": sync,
-        "sync_vs_raw_allreduce": sync["optimizer_sync_s"] / sync["raw_allreduce_s"],
+        "sync_vs_raw_allreduce": benchmark_model["gradient_sync_s"] / benchmark_model["raw_allreduce_s"],
         "checkpoint": stall,
         "checkpoint_stall_vs_sync_save": stall["stall_vs_sync_save"],
         "time_to_first_step_s": statistics.median(cold),
@@ -118,6 +126,9 @@ def table(f: dict) -> str:
         ("(a) overhead vs bare MWMS loop on Ray (target <= 1.02)", f"{f['overhead_vs_bare_ray']:.3f}"),
         ("(b) scaling efficiency, 2 workers (target >= 0.9)", f"{f['scaling_efficiency_2w']:.3f}"),
         ("(b) speedup vs Keras fit with 2 threads (target >= 1.15)", f"{f['speedup_vs_keras_2threads']:.3f}"),
+        ("(b) 2 workers: bare MWMS loop vs rayparallel (step time ratio)", f"{f['overhead_vs_bare_ray_2w']:.3f}"),
+        ("(b) efficiency of 2 workers that never synchronize (the machine's ceiling)",
+         f"{f['scaling_efficiency_2w_without_sync']:.3f}"),
         ("(c) sync time vs raw all_reduce (target <= 1.1)", f"{f['sync_vs_raw_allreduce']:.3f}"),
         ("(d) checkpoint stall vs sync save_weights (target <= 0.05)", f"{f['checkpoint_stall_vs_sync_save']:.4f}"),
         ("(e) time to first step, cold CLI (s)", f"{f['time_to_first_step_s']:.1f}"),
@@ -125,10 +136,12 @@ def table(f: dict) -> str:
     lines = [f"machine: {f['machine']}", "", "throughput (samples/s, median [min-max] of repeats):"]
     for key, value in s.items():
         lines.append(f"  {key:14s} {value['median']:8.0f}  [{value['min']:.0f}-{value['max']:.0f}] n={value['n']}")
-    sync, ck = f["sync"], f["checkpoint"]
-    lines += ["", f"gradient sync: {sync['gradient_bytes'] / 2**20:.2f} MiB, optimizer sync {sync['optimizer_sync_s'] * 1e3:.2f} ms "
-              f"vs raw all_reduce {sync['raw_allreduce_s'] * 1e3:.2f} ms",
-              f"checkpoint ({ck['parameters'] / 1e6:.1f}M params): rank 0 blocked {ck['actor_blocked_s'] * 1e3:.1f} ms, "
+    ck = f["checkpoint"]
+    lines += ["", "gradient sync on 2 workers (ms per step):"]
+    for row in f["sync"]:
+        lines.append(f"  {row['bytes'] / 2**20:6.2f} MiB in {row['tensors']} tensors: gradient sync "
+                     f"{row['gradient_sync_s'] * 1e3:6.2f}, raw all_reduce {row['raw_allreduce_s'] * 1e3:6.2f}")
+    lines += ["", f"checkpoint ({ck['parameters'] / 1e6:.1f}M params): rank 0 blocked {ck['actor_blocked_s'] * 1e3:.1f} ms, "
               f"sync save_weights {ck['sync_save_weights_s'] * 1e3:.0f} ms, full model.save {ck.get('full_save_s', 0) * 1e3:.0f} ms", ""]
     width = max(len(r[0]) for r in rows)
     lines += [f"{name:{width}s}  {value}" for name, value in rows]
@@ -141,12 +154,20 @@ def plot(f: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 4))
     names = list(f["samples_per_s"])
     left.bar(names, [f["samples_per_s"][n]["median"] for n in names], color="#4c72b0")
     left.set_ylabel("samples/s (median)")
     left.set_title("VGG digits throughput, 2-core CPU")
     left.tick_params(axis="x", rotation=30)
+    mib = [row["bytes"] / 2**20 for row in f["sync"]]
+    middle.plot(mib, [row["gradient_sync_s"] * 1e3 for row in f["sync"]], "o-", label="gradient sync (Keras optimizer)")
+    middle.plot(mib, [row["raw_allreduce_s"] * 1e3 for row in f["sync"]], "s--", label="raw MWMS all_reduce")
+    middle.set_xscale("log")
+    middle.set_xlabel("gradient MiB")
+    middle.set_ylabel("ms per synchronization, 2 workers")
+    middle.set_title("gradient sync against bytes")
+    middle.legend()
     ratios = {"overhead\nvs fit": (f["overhead_vs_keras_fit"], 1.05), "overhead\nvs bare": (f["overhead_vs_bare_ray"], 1.02),
               "scaling\neff.": (f["scaling_efficiency_2w"], 0.9), "speedup vs\nfit 2 thr.": (f["speedup_vs_keras_2threads"], 1.15),
               "sync vs\nall_reduce": (f["sync_vs_raw_allreduce"], 1.1)}

@@ -22,6 +22,7 @@ from .schema import JobSpec
 _POSITIVE = {
     "train.global_batch_size",
     "train.epochs",
+    "train.initial_loss_scale",
     "scaling.num_workers",
     "run.collective_timeout_s",
     "run.checkpoints_to_keep",

@@ -47,6 +47,9 @@ class TrainSpec:
     seed: int = 0
     progress_every_n_steps: int = 0  # 0: about ten progress updates per epoch
     on_nan: Literal["stop", "ignore"] = "stop"  # a non-finite loss stops the run, naming epoch and step
+    jit_compile: Union[bool, Literal["auto"]] = "auto"  # XLA for forward+backward; auto: on GPU workers only
+    dtype_policy: Literal["float32", "mixed_float16", "mixed_bfloat16"] = "float32"  # Keras mixed precision
+    initial_loss_scale: float = 32768.0  # mixed_float16 only: dynamic loss scaling starts here (Keras' default)
 
 
 @dataclass

@@ -46,12 +46,14 @@ class WorkerRun:
         self.batch, self.per_worker = spec.train.global_batch_size, spec.per_worker_batch_size
         self.data = shards.load_data(spec.data, self.batch)
         with self.strategy.scope():
-            self.model = replica.build_replica(spec.model, self.per_worker)
+            self.model = replica.build_replica(spec.model, self.per_worker, spec.train.dtype_policy)
             self.optimizer = replica.make_optimizer(spec.train.optimizer)
+            self.optimizer.build(self.model.trainable_variables)  # not lazily inside the compiled step
         metrics = replica.make_metrics(spec.train.metrics, spec.train.loss, self.data.train.y,
                                        tuple(self.model.outputs[0].shape))
+        loss_scale = spec.train.initial_loss_scale if spec.train.dtype_policy == "mixed_float16" else None
         self.steps = Steps(self.strategy, self.model, self.optimizer, replica.per_sample_loss(spec.train.loss),
-                           metrics, self.batch)
+                           metrics, self.batch, replica.use_jit(spec.train.jit_compile, self.model), loss_scale)
         self.figures = EpochFigures(self.steps, Reducer(self.strategy), self.rank, self.world)
         self.stateful = replica.stateful_layers(self.model)
         self.steps_per_epoch = shards.steps_per_epoch(self.data.train.rows, self.batch)
@@ -91,6 +93,8 @@ class WorkerRun:
             self._check_finite(epoch)
             seconds = time.perf_counter() - started
             logs["samples_per_s"] = self.steps_per_epoch * self.batch / seconds
+            if self.steps.loss_scale is not None:
+                logs["loss_scale"] = float(self.steps.loss_scale.value.numpy())
             if self.data.val is not None:
                 logs.update(self.evaluate())
             self.history.append(logs)

@@ -25,12 +25,13 @@ def preflight(spec: JobSpec) -> Preflight:
     """Load the data, build the replica at the per-worker batch, resolve optimizer/loss/metrics."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     data = shards.load_data(spec.data, spec.train.global_batch_size)
-    model = replica.build_replica(spec.model, spec.per_worker_batch_size)
+    model = replica.build_replica(spec.model, spec.per_worker_batch_size, spec.train.dtype_policy)
     replica.make_optimizer(spec.train.optimizer)
     replica.per_sample_loss(spec.train.loss)
     metrics = replica.make_metrics(spec.train.metrics, spec.train.loss, data.train.y, tuple(model.outputs[0].shape))
     train_keys = ["loss"] + [m.name for m in metrics]
-    keys = train_keys + ["samples_per_s"] + ([f"val_{k}" for k in train_keys] if data.val is not None else [])
+    scale = ["loss_scale"] if spec.train.dtype_policy == "mixed_float16" else []
+    keys = train_keys + ["samples_per_s"] + scale + ([f"val_{k}" for k in train_keys] if data.val is not None else [])
     if spec.checkpoint.enabled:
         check_against_metrics(spec.checkpoint, epoch_keys=keys, step_keys=["loss"])
     return Preflight(baselines=data.baselines, epoch_keys=keys)

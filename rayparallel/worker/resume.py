@@ -54,7 +54,6 @@ def restore(checkpoint: Any, strategy: Any, model: Any, optimizer: Any) -> Optio
             optimizer_values = [arrays[f"o{i}"] for i in range(meta["optimizer"])]
     with strategy.scope():
         model.set_weights(weights)
-        optimizer.build(model.trainable_variables)
         for variable, value in zip(optimizer.variables, optimizer_values):
             variable.assign(value)
     return meta

@@ -4,11 +4,15 @@ Each worker's loss is the sum of its per-row losses divided by the *global* batc
 gradients summed over workers (by the optimizer's all-reduce) equal the gradient one device
 would compute for the whole global batch. Loss and metric states accumulate locally and are
 summed over workers only when figures are needed (see :class:`EpochFigures`).
+
+Options for GPU workers: `jit_compile` runs forward and backward as one XLA program (the
+gradient all-reduce and the update stay outside it); `LossScale` is dynamic loss scaling
+for `mixed_float16`, decided on global figures so every worker skips the same steps.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -18,24 +22,36 @@ from .sync import Reducer
 class Steps:
     """Compiled train/eval steps for one replica; `loss_total` holds this worker's share."""
 
-    def __init__(self, strategy: Any, model: Any, optimizer: Any, loss_rows: Callable, metrics: list, global_batch_size: int):
+    def __init__(self, strategy: Any, model: Any, optimizer: Any, loss_rows: Callable, metrics: list,
+                 global_batch_size: int, jit_compile: bool = False, initial_loss_scale: Optional[float] = None):
         import tensorflow as tf
 
         self.model, self.metrics = model, metrics
         self.loss_total = tf.Variable(0.0, dtype=tf.float64, trainable=False)
         self.steps_run = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.first_nonfinite = tf.Variable(0, dtype=tf.int64, trainable=False)  # 1-based step, 0: none
+        self.loss_scale = LossScale(initial_loss_scale) if initial_loss_scale else None
         scale = 1.0 / global_batch_size
         replicas = strategy.num_replicas_in_sync
 
-        def train_replica(x, y):
+        def forward_backward(x, y):
             with tf.GradientTape() as tape:
                 y_pred = model(x, training=True)
                 loss = tf.reduce_sum(loss_rows(y, y_pred)) * scale
                 if model.losses:  # regularizers: each replica adds its 1/N share
                     loss += tf.add_n(model.losses) / replicas
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+                scaled = loss * self.loss_scale.value if self.loss_scale else loss
+            return loss, y_pred, tape.gradient(scaled, model.trainable_variables)
+
+        if jit_compile:
+            forward_backward = tf.function(forward_backward, jit_compile=True)
+
+        def train_replica(x, y):
+            loss, y_pred, grads = forward_backward(x, y)
+            if self.loss_scale:
+                self.loss_scale.apply(optimizer, grads, model.trainable_variables)
+            else:
+                optimizer.apply_gradients(zip(grads, model.trainable_variables))
             self._record(loss, y, y_pred)
             self.steps_run.assign_add(1)
             first = tf.logical_and(tf.logical_not(tf.math.is_finite(loss)), tf.equal(self.first_nonfinite, 0))
@@ -61,6 +77,50 @@ class Steps:
         self.first_nonfinite.assign(0)
         for metric in self.metrics:
             metric.reset_state()
+
+
+class LossScale:
+    """Dynamic loss scaling (Keras' `LossScaleOptimizer` rules) that stays in step across workers.
+
+    Keras' own wrapper checks each worker's local gradients, so one worker could skip a step
+    that another applies, and their all-reduces would no longer pair up. Here the count of
+    workers with non-finite gradients is summed first; all skip, or all apply.
+    """
+
+    def __init__(self, initial: float, growth_steps: int = 2000):
+        import tensorflow as tf
+
+        self.value = tf.Variable(initial, dtype=tf.float32, trainable=False)
+        self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.growth_steps = growth_steps
+
+    def apply(self, optimizer: Any, scaled_grads: list, variables: list) -> None:
+        import tensorflow as tf
+
+        grads = [g / tf.cast(self.value, g.dtype) for g in scaled_grads]
+        local_bad = tf.cast(tf.logical_not(tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])), tf.float32)
+        bad = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, local_bad)
+
+        def skip():
+            self.value.assign(self.value * 0.5)
+            self.good_steps.assign(0)
+
+        def update(grads):
+            optimizer.apply_gradients(zip(grads, variables))
+            grow = self.good_steps + 1 >= self.growth_steps
+            self.value.assign(tf.where(grow, self.value * 2.0, self.value))
+            self.good_steps.assign(tf.where(grow, tf.constant(0, tf.int64), self.good_steps + 1))
+
+        if tf.__internal__.distribute.strategy_supports_no_merge_call():
+            tf.cond(bad > 0, skip, lambda: update(grads))
+            return
+
+        def in_cross_replica_context(distribution, grads, bad):
+            # the optimizer's update calls merge_call, which a cond in replica context cannot hold
+            bad = distribution.experimental_local_results(bad)[0]
+            tf.cond(bad > 0, skip, lambda: distribution.extended.call_for_each_replica(update, args=(grads,)))
+
+        tf.distribute.get_replica_context().merge_call(in_cross_replica_context, args=(grads, bad))
 
 
 class EpochFigures:

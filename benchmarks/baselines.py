@@ -109,7 +109,7 @@ def _bare_loop_worker(config: dict) -> None:
             json.dump(rates, f)
 
 
-def _run_on_ray(worker: Any, workers: int, config: dict, storage: str, name: str) -> Any:
+def _run_on_ray(worker: Any, workers: int, config: dict, storage: str, name: str, use_gpu: bool = False) -> Any:
     """Run `worker` on a TensorflowTrainer; rank 0 writes its figures to a JSON file we read back."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.tensorflow import TensorflowTrainer
@@ -119,17 +119,18 @@ def _run_on_ray(worker: Any, workers: int, config: dict, storage: str, name: str
     TensorflowTrainer(
         worker,
         train_loop_config=dict(config, repo=REPO, out=out),
-        scaling_config=ScalingConfig(num_workers=workers),
+        scaling_config=ScalingConfig(num_workers=workers, use_gpu=use_gpu),
         run_config=RunConfig(name=f"{name}-{time.time_ns()}", storage_path=storage),
     ).fit()
     with open(out) as f:
         return json.load(f)
 
 
-def bare_loop(workers: int, epochs: int, batch: int, repeat: int, storage: str, sync: bool = True) -> float:
+def bare_loop(workers: int, epochs: int, batch: int, repeat: int, storage: str, sync: bool = True,
+              use_gpu: bool = False) -> float:
     """Samples/s of the bare MWMS loop on Ray Train (median of the epochs after the first)."""
     config = {"batch": batch, "repeat": repeat, "epochs": epochs, "sync": sync}
-    return statistics.median(_run_on_ray(_bare_loop_worker, workers, config, storage, "bare")[1:])
+    return statistics.median(_run_on_ray(_bare_loop_worker, workers, config, storage, "bare", use_gpu)[1:])
 
 
 def _sync_worker(config: dict) -> None:
@@ -139,7 +140,7 @@ def _sync_worker(config: dict) -> None:
     from rayparallel.worker.sync import configure_threads, make_strategy
 
     configure_threads(1)
-    strategy = make_strategy(use_gpu=False, timeout_s=600.0)
+    strategy = make_strategy(use_gpu=config["use_gpu"], timeout_s=600.0)
     sys.path.insert(0, config["repo"])
     from jobs.vgg_classifier import build_model
 
@@ -154,15 +155,15 @@ def _sync_worker(config: dict) -> None:
         def raw():
             return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, tf.identity(flat))
 
-        timings = {}
-        for name, fn in (("raw", raw), ("gradient_sync", gradient_sync)):
-            run = tf.function(lambda fn=fn: [strategy.run(fn) for _ in range(iterations)])
-            rounds = []
-            for _ in range(config["repeats"] + 1):  # the first round traces
+        runs = {name: tf.function(lambda fn=fn: [strategy.run(fn) for _ in range(iterations)])
+                for name, fn in (("raw", raw), ("gradient_sync", gradient_sync))}
+        timings: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(config["repeats"] + 1):  # interleaved rounds; the first one traces
+            for name, run in runs.items():
                 started = time.perf_counter()
                 tf.nest.map_structure(lambda t: t.numpy(), strategy.experimental_local_results(run()))
-                rounds.append((time.perf_counter() - started) / iterations)
-            timings[name] = statistics.median(rounds[1:])
+                timings[name].append((time.perf_counter() - started) / iterations)
+        timings = {name: statistics.median(values[1:]) for name, values in timings.items()}
         result.append({"filters": filters, "tensors": len(grads), "bytes": int(flat.shape[0]) * 4,
                        "raw_allreduce_s": timings["raw"], "gradient_sync_s": timings["gradient_sync"]})
     if ray.train.get_context().get_world_rank() == 0:
@@ -170,7 +171,8 @@ def _sync_worker(config: dict) -> None:
             json.dump(result, f)
 
 
-def sync_probe(iterations: int, repeats: int, storage: str, filters: tuple = (8, 16, 32, 64)) -> list[dict]:
+def sync_probe(iterations: int, repeats: int, storage: str, filters: tuple = (8, 16, 32, 64),
+               use_gpu: bool = False) -> list[dict]:
     """Seconds per gradient synchronization and per raw all_reduce, for VGG models of several widths."""
-    config = {"iterations": iterations, "repeats": repeats, "filters": list(filters)}
-    return _run_on_ray(_sync_worker, 2, config, storage, "sync")
+    config = {"iterations": iterations, "repeats": repeats, "filters": list(filters), "use_gpu": use_gpu}
+    return _run_on_ray(_sync_worker, 2, config, storage, "sync", use_gpu)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -31,14 +32,14 @@ REPO = Path(__file__).resolve().parents[1]
 BATCH = 64
 
 
-def rayparallel_throughput(workers: int, epochs: int, repeat: int, out: Path, overrides: list[str] = ()) -> float:
+def rayparallel_throughput(workers: int, epochs: int, repeat: int, out: Path, use_gpu: bool = False) -> float:
     import rayparallel
 
     result = rayparallel.train(
         str(REPO / "jobs" / "vgg_classifier.yaml"),
         [f"scaling.num_workers={workers}", f"train.epochs={epochs}", f"data.kwargs.repeat={repeat}",
          f"train.global_batch_size={BATCH}", "mlflow.enabled=false", "checkpoint.enabled=false",
-         "data.kwargs.seed=0", *overrides],
+         "data.kwargs.seed=0", f"scaling.use_gpu={str(use_gpu).lower()}"],
         output_dir=out / f"rp-{workers}-{time.time_ns()}", verbose=False, resume=False)
     return statistics.median(h["samples_per_s"] for h in result.history[1:])
 
@@ -60,55 +61,67 @@ def spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
-def measure(quick: bool) -> dict:
+# The ratios, each taken within a round (the machine's speed drifts between rounds), then the
+# median over rounds: (name, numerator variant, denominator variant, factor on the denominator).
+RATIOS = (
+    ("overhead_vs_keras_fit", "keras_fit_1t", "rp_1w", 1),
+    ("overhead_vs_bare_ray", "bare_1w", "rp_1w", 1),
+    ("scaling_efficiency_2w", "rp_2w", "rp_1w", 2),
+    ("speedup_vs_keras_2threads", "rp_2w", "keras_fit_2t", 1),
+    ("overhead_vs_bare_ray_2w", "bare_2w", "rp_2w", 1),
+    ("scaling_efficiency_2w_without_sync", "nosync_2w", "rp_1w", 2),
+)
+
+
+def measure(quick: bool, rounds: int) -> dict:
     import ray
 
     from benchmarks import baselines
     from benchmarks.checkpoint_stall import measure as checkpoint_stall
 
-    repeats, epochs, repeat = (1, 3, 2) if quick else (3, 4, 4)
+    epochs, repeat = (3, 2) if quick else (4, 4)
     out = Path(tempfile.mkdtemp(prefix="rayparallel-bench-"))
-    variants = ("keras_fit_1t", "keras_fit_2t", "bare_1w", "bare_2w", "nosync_2w", "rp_1w", "rp_2w")
-    raw: dict[str, list[float]] = {k: [] for k in variants}
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+    storage = str(out / "ray")
+    ray.init(address="local", include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2"}})
+    gpu = ray.cluster_resources().get("GPU", 0) >= 2  # a GPU box: every Ray Train variant on GPUs, NCCL
+    variants = {
+        "keras_fit_1t": lambda: baselines.keras_fit(1, epochs, BATCH, repeat),
+        "bare_1w": lambda: baselines.bare_loop(1, epochs, BATCH, repeat, storage, use_gpu=gpu),
+        "rp_1w": lambda: rayparallel_throughput(1, epochs, repeat, out, gpu),
+        "rp_2w": lambda: rayparallel_throughput(2, epochs, repeat, out, gpu),
+        "bare_2w": lambda: baselines.bare_loop(2, epochs, BATCH, repeat, storage, use_gpu=gpu),
+        "nosync_2w": lambda: baselines.bare_loop(2, epochs, BATCH, repeat, storage, sync=False, use_gpu=gpu),
+        "keras_fit_2t": lambda: baselines.keras_fit(2, epochs, BATCH, repeat),
+    }
+    raw: dict[str, list[float]] = {k: [] for k in variants}
     try:
-        for r in range(repeats):  # interleaved: every variant once per round
-            print(f"round {r + 1}/{repeats}", flush=True)
-            raw["keras_fit_1t"].append(baselines.keras_fit(1, epochs, BATCH, repeat))
-            raw["bare_1w"].append(baselines.bare_loop(1, epochs, BATCH, repeat, str(out / "ray")))
-            raw["rp_1w"].append(rayparallel_throughput(1, epochs, repeat, out))
-            raw["rp_2w"].append(rayparallel_throughput(2, epochs, repeat, out))
-            raw["bare_2w"].append(baselines.bare_loop(2, epochs, BATCH, repeat, str(out / "ray")))
-            raw["nosync_2w"].append(baselines.bare_loop(2, epochs, BATCH, repeat, str(out / "ray"), sync=False))
-            raw["keras_fit_2t"].append(baselines.keras_fit(2, epochs, BATCH, repeat))
-            for key, values in raw.items():
-                print(f"  {key}: {values[-1]:.0f} samples/s", flush=True)
-        sync = baselines.sync_probe(iterations=20 if quick else 50, repeats=3 if quick else 5, storage=str(out / "ray"))
+        for r in range(rounds):  # interleaved: every variant once per round
+            print(f"round {r + 1}/{rounds}", flush=True)
+            for key, run in variants.items():
+                raw[key].append(run())
+                print(f"  {key}: {raw[key][-1]:.0f} samples/s", flush=True)
+        sync = baselines.sync_probe(iterations=20 if quick else 50, repeats=3 if quick else 7, storage=storage, use_gpu=gpu)
         stall = checkpoint_stall(repeats=2 if quick else 5, full_save=True)
     finally:
         ray.shutdown()
     cold = [time_to_first_step(out) for _ in range(1 if quick else 2)]
 
-    med = {k: statistics.median(v) for k, v in raw.items()}
     benchmark_model = next(row for row in sync if row["filters"] == 32)  # jobs/vgg_classifier.yaml's width
-    return {
-        "machine": machine(),
-        "quick": quick,
-        "samples_per_s": {k: spread(v) for k, v in raw.items()},
-        "overhead_vs_keras_fit": med["keras_fit_1t"] / med["rp_1w"],
-        "overhead_vs_bare_ray": med["bare_1w"] / med["rp_1w"],
-        "scaling_efficiency_2w": med["rp_2w"] / (2 * med["rp_1w"]),
-        "speedup_vs_keras_2threads": med["rp_2w"] / med["keras_fit_2t"],
-        "overhead_vs_bare_ray_2w": med["bare_2w"] / med["rp_2w"],
-        "scaling_efficiency_2w_without_sync": med["nosync_2w"] / (2 * med["rp_1w"]),
+    figures = {"machine": machine(), "gpu": gpu, "quick": quick, "samples_per_s": {k: spread(v) for k, v in raw.items()}}
+    for name, top, bottom, factor in RATIOS:
+        per_round = [a / (factor * b) for a, b in zip(raw[top], raw[bottom])]
+        figures[name] = statistics.median(per_round)
+        figures[name + "_rounds"] = per_round
+    figures.update({
         "sync": sync,
         "sync_vs_raw_allreduce": benchmark_model["gradient_sync_s"] / benchmark_model["raw_allreduce_s"],
         "checkpoint": stall,
         "checkpoint_stall_vs_sync_save": stall["stall_vs_sync_save"],
         "time_to_first_step_s": statistics.median(cold),
         "time_to_first_step_runs_s": cold,
-    }
+    })
+    return figures
 
 
 def machine() -> str:
@@ -116,19 +129,25 @@ def machine() -> str:
 
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
     memory = int(next(l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal"))) // 2**20
-    return f"{os.cpu_count()} cores ({cpu}), {memory} GiB, no GPU, Python {platform.python_version()}"
+    gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.count("GPU") if shutil.which("nvidia-smi") else 0
+    return f"{os.cpu_count()} cores ({cpu}), {memory} GiB, {gpus or 'no'} GPU(s), Python {platform.python_version()}"
 
 
 def table(f: dict) -> str:
     s = f["samples_per_s"]
+
+    def ratio(key: str) -> str:  # median of the per-round ratios [their range]
+        rounds = f[key + "_rounds"]
+        return f"{f[key]:.3f}  [{min(rounds):.3f}-{max(rounds):.3f}]"
+
     rows = [
-        ("(a) overhead vs Keras fit (step time ratio, target <= 1.05)", f"{f['overhead_vs_keras_fit']:.3f}"),
-        ("(a) overhead vs bare MWMS loop on Ray (target <= 1.02)", f"{f['overhead_vs_bare_ray']:.3f}"),
-        ("(b) scaling efficiency, 2 workers (target >= 0.9)", f"{f['scaling_efficiency_2w']:.3f}"),
-        ("(b) speedup vs Keras fit with 2 threads (target >= 1.15)", f"{f['speedup_vs_keras_2threads']:.3f}"),
-        ("(b) 2 workers: bare MWMS loop vs rayparallel (step time ratio)", f"{f['overhead_vs_bare_ray_2w']:.3f}"),
+        ("(a) overhead vs Keras fit (step time ratio, target <= 1.05)", ratio("overhead_vs_keras_fit")),
+        ("(a) overhead vs bare MWMS loop on Ray (target <= 1.02)", ratio("overhead_vs_bare_ray")),
+        ("(b) scaling efficiency, 2 workers (target >= 0.9)", ratio("scaling_efficiency_2w")),
+        ("(b) speedup vs Keras fit with 2 threads (target >= 1.15)", ratio("speedup_vs_keras_2threads")),
+        ("(b) 2 workers: bare MWMS loop vs rayparallel (step time ratio)", ratio("overhead_vs_bare_ray_2w")),
         ("(b) efficiency of 2 workers that never synchronize (the machine's ceiling)",
-         f"{f['scaling_efficiency_2w_without_sync']:.3f}"),
+         ratio("scaling_efficiency_2w_without_sync")),
         ("(c) sync time vs raw all_reduce (target <= 1.1)", f"{f['sync_vs_raw_allreduce']:.3f}"),
         ("(d) checkpoint stall vs sync save_weights (target <= 0.05)", f"{f['checkpoint_stall_vs_sync_save']:.4f}"),
         ("(e) time to first step, cold CLI (s)", f"{f['time_to_first_step_s']:.1f}"),
@@ -182,11 +201,14 @@ def plot(f: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description="rayparallel benchmarks")
     parser.add_argument("--quick", action="store_true", help="one round, short epochs (under 5 minutes here)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every variant (default 3; 1 with --quick)")
     parser.add_argument("--json", default="benchmarks/results.json", help="where to write the figures")
     parser.add_argument("--plot", default="benchmarks/results.png", help="where to write the PNG plot")
     args = parser.parse_args()
     started = time.perf_counter()
-    figures = measure(args.quick)
+    if args.rounds < 1:
+        parser.error(f"--rounds: expected a positive number of rounds, received {args.rounds}")
+    figures = measure(args.quick, 1 if args.quick else args.rounds)
     figures["benchmark_seconds"] = time.perf_counter() - started
     Path(args.json).write_text(json.dumps(figures, indent=2))
     plot(figures, Path(args.plot))

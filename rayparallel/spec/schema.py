@@ -45,7 +45,7 @@ class TrainSpec:
     loss: Identifier = "mean_squared_error"
     metrics: list = field(default_factory=list)
     seed: int = 0
-    progress_every_n_steps: int = 0  # 0: about ten progress updates per epoch
+    progress_every_n_steps: int = 0  # 0: about ten progress updates per epoch, at least 2 s apart
     on_nan: Literal["stop", "ignore"] = "stop"  # a non-finite loss stops the run, naming epoch and step
     jit_compile: Union[bool, Literal["auto"]] = "auto"  # XLA for forward+backward; auto: on GPU workers only
     dtype_policy: Literal["float32", "mixed_float16", "mixed_bfloat16"] = "float32"  # Keras mixed precision

@@ -19,6 +19,7 @@ from ..errors import NonFiniteLossError
 from ..spec import JobSpec
 from ..spec.references import add_search_path
 from . import replica, resume, shards
+from .cadence import ProgressCadence
 from .step import EpochFigures, Steps
 from .sync import Reducer, configure_threads, make_strategy
 
@@ -57,6 +58,7 @@ class WorkerRun:
         self.figures = EpochFigures(self.steps, Reducer(self.strategy), self.rank, self.world)
         self.stateful = replica.stateful_layers(self.model)
         self.steps_per_epoch = shards.steps_per_epoch(self.data.train.rows, self.batch)
+        self.cadence = ProgressCadence(self.steps_per_epoch, spec.train.progress_every_n_steps)
         self.policy = Policy(spec.checkpoint)
         self.client = CheckpointClient(actor) if self.rank == 0 else None
 
@@ -121,7 +123,7 @@ class WorkerRun:
         spec, steps_per_epoch = self.spec, self.steps_per_epoch
         replica.reset_states(self.stateful)
         self.steps.reset()
-        every = spec.train.progress_every_n_steps or max(1, steps_per_epoch // 10)
+        self.cadence.start_epoch()
         save_every = spec.checkpoint.save_freq if isinstance(spec.checkpoint.save_freq, int) else 0
         started = time.perf_counter()
         order = shards.epoch_order(self.data.train.rows, epoch - 1, spec.data.layout, spec.train.seed)
@@ -131,12 +133,13 @@ class WorkerRun:
             if step == 1 and epoch == self.start_epoch + 1 and self.rank == 0:
                 self.actor.mark_first_step.remote(time.time())
             global_step = (epoch - 1) * steps_per_epoch + step
-            if step < steps_per_epoch and step % every == 0:
-                loss = self.figures.running_loss(step)  # a collective: every rank calls it
+            if self.cadence.due(step):
+                seconds = time.perf_counter() - started
+                loss = self.figures.running_loss(step, seconds)  # a collective: every rank calls it
+                self.cadence.observe(self.figures.rank0_seconds, step)
                 self._check_finite(epoch)
                 if self.rank == 0:
-                    rate = step * self.batch / (time.perf_counter() - started)
-                    self.actor.log_progress.remote(epoch, step, steps_per_epoch, loss, rate)
+                    self.actor.log_progress.remote(epoch, step, steps_per_epoch, loss, step * self.batch / seconds)
             if save_every and global_step % save_every == 0:
                 running = {"loss": self.figures.running_loss(step)}
                 self.save(resume.snapshot(self.model.weights), epoch, global_step, step, running)

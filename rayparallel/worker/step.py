@@ -127,16 +127,19 @@ class EpochFigures:
     """Global loss and metrics: local states summed over all workers, then Keras' `result()`.
 
     Each reduction also gathers every rank's first non-finite training step, so all ranks
-    learn of a NaN at the same point and stop together (`nonfinite_step`, 0 when none).
+    learn of a NaN at the same point and stop together (`nonfinite_step`, 0 when none), and
+    rank 0's time in the epoch (`rank0_seconds`), so all ranks pace their pauses alike.
     """
 
     def __init__(self, steps: Steps, reducer: Reducer, rank: int, world: int):
         self._steps, self._reducer = steps, reducer
         self._rank, self._world = rank, world
         self.nonfinite_step = 0
+        self.rank0_seconds = 0.0
 
-    def running_loss(self, steps_done: int) -> float:
-        total, _ = self._reduce([])
+    def running_loss(self, steps_done: int, seconds: float = 0.0) -> float:
+        """The mean loss so far this epoch; `seconds` is this rank's time in the epoch."""
+        total, _ = self._reduce([], seconds)
         return total / max(steps_done, 1)
 
     def collect(self, steps_done: int, prefix: str = "") -> dict[str, float]:
@@ -150,10 +153,13 @@ class EpochFigures:
             figures[prefix + metric.name] = float(np.asarray(metric.result()))
         return figures
 
-    def _reduce(self, arrays: list) -> tuple[float, list]:
+    def _reduce(self, arrays: list, seconds: float = 0.0) -> tuple[float, list]:
         slots = np.zeros(self._world)
         slots[self._rank] = self._steps.first_nonfinite.numpy()
-        total, slots, *summed = self._reducer.sum([self._steps.loss_total.numpy(), slots] + arrays)
+        own_seconds = seconds if self._rank == 0 else 0.0
+        total, slots, rank0_seconds, *summed = self._reducer.sum(
+            [self._steps.loss_total.numpy(), slots, own_seconds] + arrays)
         bad = [int(s) for s in slots if s > 0]
         self.nonfinite_step = min(bad) if bad else 0
+        self.rank0_seconds = float(rank0_seconds)
         return float(total), summed

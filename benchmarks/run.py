@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH = 64
@@ -73,6 +74,16 @@ RATIOS = (
 )
 
 
+def ratios(raw: dict[str, list[float]]) -> dict[str, Any]:
+    """Each ratio of RATIOS per round, their median under its name and the rounds under `<name>_rounds`."""
+    figures: dict[str, Any] = {}
+    for name, top, bottom, factor in RATIOS:
+        per_round = [a / (factor * b) for a, b in zip(raw[top], raw[bottom])]
+        figures[name] = statistics.median(per_round)
+        figures[name + "_rounds"] = per_round
+    return figures
+
+
 def measure(quick: bool, rounds: int) -> dict:
     import ray
 
@@ -109,10 +120,7 @@ def measure(quick: bool, rounds: int) -> dict:
 
     benchmark_model = next(row for row in sync if row["filters"] == 32)  # jobs/vgg_classifier.yaml's width
     figures = {"machine": machine(), "gpu": gpu, "quick": quick, "samples_per_s": {k: spread(v) for k, v in raw.items()}}
-    for name, top, bottom, factor in RATIOS:
-        per_round = [a / (factor * b) for a, b in zip(raw[top], raw[bottom])]
-        figures[name] = statistics.median(per_round)
-        figures[name + "_rounds"] = per_round
+    figures.update(ratios(raw))
     figures.update({
         "sync": sync,
         "sync_vs_raw_allreduce": benchmark_model["gradient_sync_s"] / benchmark_model["raw_allreduce_s"],

@@ -138,7 +138,7 @@ def machine() -> str:
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
     memory = int(next(l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal"))) // 2**20
     gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.count("GPU") if shutil.which("nvidia-smi") else 0
-    return f"{os.cpu_count()} cores ({cpu}), {memory} GiB, {gpus or 'no'} GPU(s), Python {platform.python_version()}"
+    return f"{os.cpu_count()} cores ({cpu}), {memory} GiB, {f'{gpus} GPU(s)' if gpus else 'no GPU'}, Python {platform.python_version()}"
 
 
 def table(f: dict) -> str:
@@ -191,6 +191,8 @@ def plot(f: dict, path: Path) -> None:
     middle.plot(mib, [row["gradient_sync_s"] * 1e3 for row in f["sync"]], "o-", label="gradient sync (Keras optimizer)")
     middle.plot(mib, [row["raw_allreduce_s"] * 1e3 for row in f["sync"]], "s--", label="raw MWMS all_reduce")
     middle.set_xscale("log")
+    middle.set_xticks(mib, [f"{m:.2f}" for m in mib])
+    middle.minorticks_off()
     middle.set_xlabel("gradient MiB")
     middle.set_ylabel("ms per synchronization, 2 workers")
     middle.set_title("gradient sync against bytes")

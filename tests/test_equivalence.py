@@ -54,10 +54,16 @@ def test_stateful_lstm_streams_1_2_3_workers_same_weights(ray_address, tmp_path)
     assert len(one.history) == 2 and one.history[-1]["loss"] < one.history[0]["loss"]
 
 
-def test_stateless_cnn_shuffle_2_workers_same_weights_and_global_metrics(ray_address, tmp_path):
+@pytest.fixture(scope="module")
+def cnn_one_worker(ray_address, tmp_path_factory):
+    """The reference: the CNN trained on 1 worker (shared by the tests below)."""
+    return run(CNN, tmp_path_factory.mktemp("cnn-one"), 1, 1)
+
+
+def test_stateless_cnn_shuffle_2_workers_same_weights_and_global_metrics(cnn_one_worker, tmp_path):
     from tests.models import small_cnn
 
-    one, two = run(CNN, tmp_path, 1, 1), run(CNN, tmp_path, 2, 1)
+    one, two = cnn_one_worker, run(CNN, tmp_path, 2, 1)
     error = max_relative_error(final_weights(two, small_cnn), final_weights(one, small_cnn))
     print(f"cnn shuffle: 2 workers vs 1, max relative weight error {error:.2e}")
     assert error < 1e-5
@@ -65,3 +71,16 @@ def test_stateless_cnn_shuffle_2_workers_same_weights_and_global_metrics(ray_add
     for key in ("loss", "accuracy", "miou", "val_loss", "val_accuracy", "val_miou"):
         assert two.final[key] == pytest.approx(one.final[key], rel=1e-4, abs=1e-6), key
     assert sorted(w["rank"] for w in two.workers) == [0, 1]
+
+
+def test_xla_step_trains_the_same_model(cnn_one_worker, tmp_path):
+    """`train.jit_compile: true` (XLA, the GPU default) on 2 workers against 1 worker without it."""
+    from tests.models import small_cnn
+
+    one = cnn_one_worker
+    xla = rayparallel.train(CNN, ["scaling.num_workers=2", "scaling.resources_per_worker.CPU=1", "train.jit_compile=true"],
+                            output_dir=tmp_path / "xla", verbose=False)
+    error = max_relative_error(final_weights(xla, small_cnn), final_weights(one, small_cnn))
+    print(f"cnn shuffle: 2 workers with XLA vs 1 without, max relative weight error {error:.2e}")
+    assert error < 1e-5
+    assert xla.final["loss"] == pytest.approx(one.final["loss"], rel=1e-4)

@@ -53,6 +53,9 @@ def test_overrides_are_yaml_typed_and_dotted():
     (BASE, ["train.epochs"], "--set: expected KEY.PATH=VALUE, received 'train.epochs'"),
     (BASE, ["name.x=1"], "--set name.x: expected name to be a section, received 't' (str)"),
     (BASE, ["scalling.num_workers=2"], "scalling: unknown key"),
+    (BASE, ["train.jit_compile=maybe"], "train.jit_compile: expected true or false or 'auto', received 'maybe' (str)"),
+    (BASE, ["train.dtype_policy=float16"], "train.dtype_policy: expected one of ['float32', 'mixed_float16', 'mixed_bfloat16']"),
+    (BASE, ["train.initial_loss_scale=0"], "train.initial_loss_scale: expected a positive number, received 0.0"),
 ])
 def test_bad_specs_name_key_expected_and_received(raw, overrides, message):
     with pytest.raises(SpecError) as info:

@@ -7,7 +7,7 @@ Field names follow the words users already know: Keras' `compile`/`fit` argument
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal, Optional, Union
 
 Identifier = Union[str, dict]  # a Keras identifier: "adam" or {"class_name": ..., "config": ...}
 
@@ -50,6 +50,11 @@ class TrainSpec:
     jit_compile: Union[bool, Literal["auto"]] = "auto"  # XLA for forward+backward; auto: on GPU workers only
     dtype_policy: Literal["float32", "mixed_float16", "mixed_bfloat16"] = "float32"  # Keras mixed precision
     initial_loss_scale: float = 32768.0  # mixed_float16 only: dynamic loss scaling starts here (Keras' default)
+
+    @property
+    def loss_scale(self) -> Optional[float]:
+        """The initial dynamic loss scale when the policy needs one (float16 math), else None."""
+        return self.initial_loss_scale if self.dtype_policy == "mixed_float16" else None
 
 
 @dataclass

@@ -52,9 +52,8 @@ class WorkerRun:
             self.optimizer.build(self.model.trainable_variables)  # not lazily inside the compiled step
         metrics = replica.make_metrics(spec.train.metrics, spec.train.loss, self.data.train.y,
                                        tuple(self.model.outputs[0].shape))
-        loss_scale = spec.train.initial_loss_scale if spec.train.dtype_policy == "mixed_float16" else None
         self.steps = Steps(self.strategy, self.model, self.optimizer, replica.per_sample_loss(spec.train.loss),
-                           metrics, self.batch, replica.use_jit(spec.train.jit_compile, self.model), loss_scale)
+                           metrics, self.batch, replica.use_jit(spec.train.jit_compile, self.model), spec.train.loss_scale)
         self.figures = EpochFigures(self.steps, Reducer(self.strategy), self.rank, self.world)
         self.stateful = replica.stateful_layers(self.model)
         self.steps_per_epoch = shards.steps_per_epoch(self.data.train.rows, self.batch)

@@ -30,7 +30,7 @@ def preflight(spec: JobSpec) -> Preflight:
     replica.per_sample_loss(spec.train.loss)
     metrics = replica.make_metrics(spec.train.metrics, spec.train.loss, data.train.y, tuple(model.outputs[0].shape))
     train_keys = ["loss"] + [m.name for m in metrics]
-    scale = ["loss_scale"] if spec.train.dtype_policy == "mixed_float16" else []
+    scale = ["loss_scale"] if spec.train.loss_scale else []
     keys = train_keys + ["samples_per_s"] + scale + ([f"val_{k}" for k in train_keys] if data.val is not None else [])
     if spec.checkpoint.enabled:
         check_against_metrics(spec.checkpoint, epoch_keys=keys, step_keys=["loss"])

@@ -30,7 +30,7 @@ class Steps:
         self.loss_total = tf.Variable(0.0, dtype=tf.float64, trainable=False)
         self.steps_run = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.first_nonfinite = tf.Variable(0, dtype=tf.int64, trainable=False)  # 1-based step, 0: none
-        self.loss_scale = LossScale(initial_loss_scale) if initial_loss_scale else None
+        self.loss_scale = LossScale(initial_loss_scale) if initial_loss_scale is not None else None
         scale = 1.0 / global_batch_size
         replicas = strategy.num_replicas_in_sync
 
@@ -40,7 +40,7 @@ class Steps:
                 loss = tf.reduce_sum(loss_rows(y, y_pred)) * scale
                 if model.losses:  # regularizers: each replica adds its 1/N share
                     loss += tf.add_n(model.losses) / replicas
-                scaled = loss * self.loss_scale.value if self.loss_scale else loss
+                scaled = loss * self.loss_scale.value if self.loss_scale is not None else loss
             return loss, y_pred, tape.gradient(scaled, model.trainable_variables)
 
         if jit_compile:
@@ -48,7 +48,7 @@ class Steps:
 
         def train_replica(x, y):
             loss, y_pred, grads = forward_backward(x, y)
-            if self.loss_scale:
+            if self.loss_scale is not None:
                 self.loss_scale.apply(optimizer, grads, model.trainable_variables)
             else:
                 optimizer.apply_gradients(zip(grads, model.trainable_variables))

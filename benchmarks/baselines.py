@@ -54,7 +54,7 @@ model.fit(data["x_train"][:rows], data["y_train"][:rows], batch_size={batch}, ep
 print("RESULT", json.dumps([rows / t for t in times[1:]]))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=900)
-    line = [l for l in out.stdout.splitlines() if l.startswith("RESULT ")]
+    line = [text for text in out.stdout.splitlines() if text.startswith("RESULT ")]
     if not line:
         raise RuntimeError(f"keras fit benchmark failed: {out.stderr[-2000:]}")
     return statistics.median(json.loads(line[0][7:]))
@@ -88,7 +88,7 @@ def _bare_loop_worker(config: dict) -> None:
         with tf.GradientTape() as tape:
             loss = tf.nn.compute_average_loss(loss_fn(yb, model(xb, training=True)), global_batch_size=batch)
         grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
 
     if config["sync"]:
         step = tf.function(lambda xb, yb: strategy.run(replica_step, args=(xb, yb)))
@@ -102,7 +102,7 @@ def _bare_loop_worker(config: dict) -> None:
         xs, ys = x[rows], y[rows]
         started = time.perf_counter()
         for start in range(0, steps * per_worker, per_worker):
-            step(xs[start:start + per_worker], ys[start:start + per_worker])
+            step(xs[start : start + per_worker], ys[start : start + per_worker])
         rates.append(steps * batch / (time.perf_counter() - started))
     if rank == 0:  # Ray Train V2 keeps reported metrics only with checkpoints: hand figures over as a file
         with open(config["out"], "w") as f:
@@ -126,8 +126,9 @@ def _run_on_ray(worker: Any, workers: int, config: dict, storage: str, name: str
         return json.load(f)
 
 
-def bare_loop(workers: int, epochs: int, batch: int, repeat: int, storage: str, sync: bool = True,
-              use_gpu: bool = False) -> float:
+def bare_loop(
+    workers: int, epochs: int, batch: int, repeat: int, storage: str, sync: bool = True, use_gpu: bool = False
+) -> float:
     """Samples/s of the bare MWMS loop on Ray Train (median of the epochs after the first)."""
     config = {"batch": batch, "repeat": repeat, "epochs": epochs, "sync": sync}
     return statistics.median(_run_on_ray(_bare_loop_worker, workers, config, storage, "bare", use_gpu)[1:])
@@ -149,14 +150,18 @@ def _sync_worker(config: dict) -> None:
         grads = [tf.ones(v.shape) * 1e-3 for v in build_model(batch_size=32, filters=filters).trainable_variables]
         flat = tf.ones([sum(int(np.prod(g.shape)) for g in grads)])
 
-        def gradient_sync():  # what the Keras optimizer does with the gradients of a step
-            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, [tf.identity(g) for g in grads])
+        def gradient_sync(grads=grads):  # what the Keras optimizer does with the gradients of a step
+            return tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, [tf.identity(g) for g in grads]
+            )
 
-        def raw():
+        def raw(flat=flat):
             return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, tf.identity(flat))
 
-        runs = {name: tf.function(lambda fn=fn: [strategy.run(fn) for _ in range(iterations)])
-                for name, fn in (("raw", raw), ("gradient_sync", gradient_sync))}
+        runs = {
+            name: tf.function(lambda fn=fn: [strategy.run(fn) for _ in range(iterations)])
+            for name, fn in (("raw", raw), ("gradient_sync", gradient_sync))
+        }
         timings: dict[str, list[float]] = {name: [] for name in runs}
         for _ in range(config["repeats"] + 1):  # interleaved rounds; the first one traces
             for name, run in runs.items():
@@ -164,15 +169,23 @@ def _sync_worker(config: dict) -> None:
                 tf.nest.map_structure(lambda t: t.numpy(), strategy.experimental_local_results(run()))
                 timings[name].append((time.perf_counter() - started) / iterations)
         timings = {name: statistics.median(values[1:]) for name, values in timings.items()}
-        result.append({"filters": filters, "tensors": len(grads), "bytes": int(flat.shape[0]) * 4,
-                       "raw_allreduce_s": timings["raw"], "gradient_sync_s": timings["gradient_sync"]})
+        result.append(
+            {
+                "filters": filters,
+                "tensors": len(grads),
+                "bytes": int(flat.shape[0]) * 4,
+                "raw_allreduce_s": timings["raw"],
+                "gradient_sync_s": timings["gradient_sync"],
+            }
+        )
     if ray.train.get_context().get_world_rank() == 0:
         with open(config["out"], "w") as f:
             json.dump(result, f)
 
 
-def sync_probe(iterations: int, repeats: int, storage: str, filters: tuple = (8, 16, 32, 64),
-               use_gpu: bool = False) -> list[dict]:
+def sync_probe(
+    iterations: int, repeats: int, storage: str, filters: tuple = (8, 16, 32, 64), use_gpu: bool = False
+) -> list[dict]:
     """Seconds per gradient synchronization and per raw all_reduce, for VGG models of several widths."""
     config = {"iterations": iterations, "repeats": repeats, "filters": list(filters), "use_gpu": use_gpu}
     return _run_on_ray(_sync_worker, 2, config, storage, "sync", use_gpu)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -31,8 +31,14 @@ def measure(repeats: int = 5, full_save: bool = False) -> dict:
 
     model = dense_50m()
     params = model.count_params()
-    spec = load_spec({"name": "bench", "model": {"builder": "benchmarks.models:dense_50m"},
-                      "data": {"loader": "benchmarks.models:none"}, "train": {"global_batch_size": 1}})
+    spec = load_spec(
+        {
+            "name": "bench",
+            "model": {"builder": "benchmarks.models:dense_50m"},
+            "data": {"loader": "benchmarks.models:none"},
+            "train": {"global_batch_size": 1},
+        }
+    )
     folder = Path(tempfile.mkdtemp(prefix="rayparallel-bench-"))
     started_ray = not ray.is_initialized()
     if started_ray:
@@ -81,11 +87,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     f = measure(parser.parse_args().repeats)
     print(f"model: {f['parameters'] / 1e6:.1f}M parameters ({f['parameters'] * 4 / 2**20:.0f} MiB float32)")
-    print(f"synchronous model.save_weights: {f['sync_save_weights_s'] * 1000:.0f} ms median "
-          f"(range {f['sync_spread_s'][0] * 1000:.0f}-{f['sync_spread_s'][1] * 1000:.0f})")
-    print(f"rank 0 blocked with the checkpoint actor: {f['actor_blocked_s'] * 1000:.0f} ms median "
-          f"(range {f['actor_blocked_spread_s'][0] * 1000:.0f}-{f['actor_blocked_spread_s'][1] * 1000:.0f}); "
-          f"the actor's write took {f['actor_write_total_s'] * 1000:.0f} ms in the background")
+    print(
+        f"synchronous model.save_weights: {f['sync_save_weights_s'] * 1000:.0f} ms median "
+        f"(range {f['sync_spread_s'][0] * 1000:.0f}-{f['sync_spread_s'][1] * 1000:.0f})"
+    )
+    print(
+        f"rank 0 blocked with the checkpoint actor: {f['actor_blocked_s'] * 1000:.0f} ms median "
+        f"(range {f['actor_blocked_spread_s'][0] * 1000:.0f}-{f['actor_blocked_spread_s'][1] * 1000:.0f}); "
+        f"the actor's write took {f['actor_write_total_s'] * 1000:.0f} ms in the background"
+    )
     print(f"stall vs synchronous save: {f['stall_vs_sync_save']:.2f}")
 
 

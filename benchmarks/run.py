@@ -38,10 +38,20 @@ def rayparallel_throughput(workers: int, epochs: int, repeat: int, out: Path, us
 
     result = rayparallel.train(
         str(REPO / "jobs" / "vgg_classifier.yaml"),
-        [f"scaling.num_workers={workers}", f"train.epochs={epochs}", f"data.kwargs.repeat={repeat}",
-         f"train.global_batch_size={BATCH}", "mlflow.enabled=false", "checkpoint.enabled=false",
-         "data.kwargs.seed=0", f"scaling.use_gpu={str(use_gpu).lower()}"],
-        output_dir=out / f"rp-{workers}-{time.time_ns()}", verbose=False, resume=False)
+        [
+            f"scaling.num_workers={workers}",
+            f"train.epochs={epochs}",
+            f"data.kwargs.repeat={repeat}",
+            f"train.global_batch_size={BATCH}",
+            "mlflow.enabled=false",
+            "checkpoint.enabled=false",
+            "data.kwargs.seed=0",
+            f"scaling.use_gpu={str(use_gpu).lower()}",
+        ],
+        output_dir=out / f"rp-{workers}-{time.time_ns()}",
+        verbose=False,
+        resume=False,
+    )
     return statistics.median(h["samples_per_s"] for h in result.history[1:])
 
 
@@ -50,9 +60,26 @@ def time_to_first_step(out: Path) -> float:
     folder = out / f"cold-{time.time_ns()}"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     launched = time.time()
-    run = subprocess.run([sys.executable, "-m", "rayparallel.cli", "train", "jobs/vgg_classifier.yaml",
-                          "--set", "train.epochs=1", "--set", "mlflow.enabled=false", "--output-dir", str(folder)],
-                         cwd=REPO, capture_output=True, text=True, env=env, timeout=900)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rayparallel.cli",
+            "train",
+            "jobs/vgg_classifier.yaml",
+            "--set",
+            "train.epochs=1",
+            "--set",
+            "mlflow.enabled=false",
+            "--output-dir",
+            str(folder),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     if run.returncode != 0:
         raise RuntimeError(f"cold CLI run failed: {run.stderr[-2000:]}")
     return json.loads((folder / "result.json").read_text())["first_step_at"] - launched
@@ -78,7 +105,7 @@ def ratios(raw: dict[str, list[float]]) -> dict[str, Any]:
     """Each ratio of RATIOS per round, their median under its name and the rounds under `<name>_rounds`."""
     figures: dict[str, Any] = {}
     for name, top, bottom, factor in RATIOS:
-        per_round = [a / (factor * b) for a, b in zip(raw[top], raw[bottom])]
+        per_round = [a / (factor * b) for a, b in zip(raw[top], raw[bottom], strict=True)]
         figures[name] = statistics.median(per_round)
         figures[name + "_rounds"] = per_round
     return figures
@@ -93,8 +120,12 @@ def measure(quick: bool, rounds: int) -> dict:
     epochs, repeat = (3, 2) if quick else (4, 4)
     out = Path(tempfile.mkdtemp(prefix="rayparallel-bench-"))
     storage = str(out / "ray")
-    ray.init(address="local", include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2"}})
+    ray.init(
+        address="local",
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2"}},
+    )
     gpu = ray.cluster_resources().get("GPU", 0) >= 2  # a GPU box: every Ray Train variant on GPUs, NCCL
     variants = {
         "keras_fit_1t": lambda: baselines.keras_fit(1, epochs, BATCH, repeat),
@@ -112,33 +143,49 @@ def measure(quick: bool, rounds: int) -> dict:
             for key, run in variants.items():
                 raw[key].append(run())
                 print(f"  {key}: {raw[key][-1]:.0f} samples/s", flush=True)
-        sync = baselines.sync_probe(iterations=20 if quick else 50, repeats=3 if quick else 7, storage=storage, use_gpu=gpu)
+        sync = baselines.sync_probe(
+            iterations=20 if quick else 50, repeats=3 if quick else 7, storage=storage, use_gpu=gpu
+        )
         stall = checkpoint_stall(repeats=2 if quick else 5, full_save=True)
     finally:
         ray.shutdown()
     cold = [time_to_first_step(out) for _ in range(1 if quick else 2)]
 
     benchmark_model = next(row for row in sync if row["filters"] == 32)  # jobs/vgg_classifier.yaml's width
-    figures = {"machine": machine(), "gpu": gpu, "quick": quick, "samples_per_s": {k: spread(v) for k, v in raw.items()}}
+    figures = {
+        "machine": machine(),
+        "gpu": gpu,
+        "quick": quick,
+        "samples_per_s": {k: spread(v) for k, v in raw.items()},
+    }
     figures.update(ratios(raw))
-    figures.update({
-        "sync": sync,
-        "sync_vs_raw_allreduce": benchmark_model["gradient_sync_s"] / benchmark_model["raw_allreduce_s"],
-        "checkpoint": stall,
-        "checkpoint_stall_vs_sync_save": stall["stall_vs_sync_save"],
-        "time_to_first_step_s": statistics.median(cold),
-        "time_to_first_step_runs_s": cold,
-    })
+    figures.update(
+        {
+            "sync": sync,
+            "sync_vs_raw_allreduce": benchmark_model["gradient_sync_s"] / benchmark_model["raw_allreduce_s"],
+            "checkpoint": stall,
+            "checkpoint_stall_vs_sync_save": stall["stall_vs_sync_save"],
+            "time_to_first_step_s": statistics.median(cold),
+            "time_to_first_step_runs_s": cold,
+        }
+    )
     return figures
 
 
 def machine() -> str:
     import platform
 
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
-    memory = int(next(l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal"))) // 2**20
-    gpus = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.count("GPU") if shutil.which("nvidia-smi") else 0
-    return f"{os.cpu_count()} cores ({cpu}), {memory} GiB, {f'{gpus} GPU(s)' if gpus else 'no GPU'}, Python {platform.python_version()}"
+    with open("/proc/cpuinfo") as lines:
+        cpu = next((x.split(":", 1)[1].strip() for x in lines if x.startswith("model name")), platform.processor())
+    with open("/proc/meminfo") as lines:
+        memory = int(next(x.split()[1] for x in lines if x.startswith("MemTotal"))) // 2**20
+    gpus = (
+        subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.count("GPU")
+        if shutil.which("nvidia-smi")
+        else 0
+    )
+    accelerators = f"{gpus} GPU(s)" if gpus else "no GPU"
+    return f"{os.cpu_count()} cores ({cpu}), {memory} GiB, {accelerators}, Python {platform.python_version()}"
 
 
 def table(f: dict) -> str:
@@ -154,8 +201,10 @@ def table(f: dict) -> str:
         ("(b) scaling efficiency, 2 workers (target >= 0.9)", ratio("scaling_efficiency_2w")),
         ("(b) speedup vs Keras fit with 2 threads (target >= 1.15)", ratio("speedup_vs_keras_2threads")),
         ("(b) 2 workers: bare MWMS loop vs rayparallel (step time ratio)", ratio("overhead_vs_bare_ray_2w")),
-        ("(b) efficiency of 2 workers that never synchronize (the machine's ceiling)",
-         ratio("scaling_efficiency_2w_without_sync")),
+        (
+            "(b) efficiency of 2 workers that never synchronize (the machine's ceiling)",
+            ratio("scaling_efficiency_2w_without_sync"),
+        ),
         ("(c) sync time vs raw all_reduce (target <= 1.1)", f"{f['sync_vs_raw_allreduce']:.3f}"),
         ("(d) checkpoint stall vs sync save_weights (target <= 0.05)", f"{f['checkpoint_stall_vs_sync_save']:.4f}"),
         ("(e) time to first step, cold CLI (s)", f"{f['time_to_first_step_s']:.1f}"),
@@ -166,10 +215,17 @@ def table(f: dict) -> str:
     ck = f["checkpoint"]
     lines += ["", "gradient sync on 2 workers (ms per step):"]
     for row in f["sync"]:
-        lines.append(f"  {row['bytes'] / 2**20:6.2f} MiB in {row['tensors']} tensors: gradient sync "
-                     f"{row['gradient_sync_s'] * 1e3:6.2f}, raw all_reduce {row['raw_allreduce_s'] * 1e3:6.2f}")
-    lines += ["", f"checkpoint ({ck['parameters'] / 1e6:.1f}M params): rank 0 blocked {ck['actor_blocked_s'] * 1e3:.1f} ms, "
-              f"sync save_weights {ck['sync_save_weights_s'] * 1e3:.0f} ms, full model.save {ck.get('full_save_s', 0) * 1e3:.0f} ms", ""]
+        lines.append(
+            f"  {row['bytes'] / 2**20:6.2f} MiB in {row['tensors']} tensors: gradient sync "
+            f"{row['gradient_sync_s'] * 1e3:6.2f}, raw all_reduce {row['raw_allreduce_s'] * 1e3:6.2f}"
+        )
+    lines += [
+        "",
+        f"checkpoint ({ck['parameters'] / 1e6:.1f}M params): rank 0 blocked {ck['actor_blocked_s'] * 1e3:.1f} ms, "
+        f"sync save_weights {ck['sync_save_weights_s'] * 1e3:.0f} ms, "
+        f"full model.save {ck.get('full_save_s', 0) * 1e3:.0f} ms",
+        "",
+    ]
     width = max(len(r[0]) for r in rows)
     lines += [f"{name:{width}s}  {value}" for name, value in rows]
     return "\n".join(lines)
@@ -197,9 +253,13 @@ def plot(f: dict, path: Path) -> None:
     middle.set_ylabel("ms per synchronization, 2 workers")
     middle.set_title("gradient sync against bytes")
     middle.legend()
-    ratios = {"overhead\nvs fit": (f["overhead_vs_keras_fit"], 1.05), "overhead\nvs bare": (f["overhead_vs_bare_ray"], 1.02),
-              "scaling\neff.": (f["scaling_efficiency_2w"], 0.9), "speedup vs\nfit 2 thr.": (f["speedup_vs_keras_2threads"], 1.15),
-              "sync vs\nall_reduce": (f["sync_vs_raw_allreduce"], 1.1)}
+    ratios = {
+        "overhead\nvs fit": (f["overhead_vs_keras_fit"], 1.05),
+        "overhead\nvs bare": (f["overhead_vs_bare_ray"], 1.02),
+        "scaling\neff.": (f["scaling_efficiency_2w"], 0.9),
+        "speedup vs\nfit 2 thr.": (f["speedup_vs_keras_2threads"], 1.15),
+        "sync vs\nall_reduce": (f["sync_vs_raw_allreduce"], 1.1),
+    }
     right.bar(list(ratios), [v for v, _ in ratios.values()], color="#dd8452", label="measured")
     right.scatter(list(ratios), [t for _, t in ratios.values()], color="black", marker="_", s=400, label="target")
     right.set_title("ratios against targets")
@@ -211,7 +271,9 @@ def plot(f: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description="rayparallel benchmarks")
     parser.add_argument("--quick", action="store_true", help="one round, short epochs (under 5 minutes here)")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every variant (default 3; 1 with --quick)")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="interleaved rounds of every variant (default 3; 1 with --quick)"
+    )
     parser.add_argument("--json", default="benchmarks/results.json", help="where to write the figures")
     parser.add_argument("--plot", default="benchmarks/results.png", help="where to write the PNG plot")
     args = parser.parse_args()

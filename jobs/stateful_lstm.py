@@ -52,8 +52,13 @@ def load_data(global_batch_size: int, window: int = 8, horizon: int = 8, val_fra
     x_train, y_train = as_streams(features[:cut], change[:cut], global_batch_size, window)
     x_val, y_val = as_streams(features[cut:], change[cut:], global_batch_size, window)
     naive = float(np.mean(y_val**2))  # last value carried forward = predicting zero change
-    return {"x_train": x_train, "y_train": y_train, "x_val": x_val, "y_val": y_val,
-            "baselines": {"naive (last value carried forward)": {"val_loss": naive}}}
+    return {
+        "x_train": x_train,
+        "y_train": y_train,
+        "x_val": x_val,
+        "y_val": y_val,
+        "baselines": {"naive (last value carried forward)": {"val_loss": naive}},
+    }
 
 
 def as_streams(features: np.ndarray, target: np.ndarray, streams: int, window: int):

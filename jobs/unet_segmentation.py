@@ -36,8 +36,11 @@ def load_data(samples: int = 512, size: int = 32, val_fraction: float = 0.25, se
     for i in range(samples):
         for _ in range(rng.integers(1, 4)):
             cy, cx, r = rng.integers(4, size - 4), rng.integers(4, size - 4), rng.integers(2, 7)
-            shape = ((yy - cy) ** 2 + (xx - cx) ** 2 <= r * r) if rng.random() < 0.5 else (
-                (abs(yy - cy) <= r) & (abs(xx - cx) <= r))
+            shape = (
+                ((yy - cy) ** 2 + (xx - cx) ** 2 <= r * r)
+                if rng.random() < 0.5
+                else ((abs(yy - cy) <= r) & (abs(xx - cx) <= r))
+            )
             masks[i][shape] = 1
     images += masks * 1.0
     cut = int(samples * (1 - val_fraction))

@@ -11,4 +11,14 @@ from .result import TrainResult
 from .spec import JobSpec, load_spec
 
 __version__ = "0.1.0"
-__all__ = ["train", "validate", "load_model", "export", "load_spec", "JobSpec", "TrainResult", "RayParallelError", "__version__"]
+__all__ = [
+    "train",
+    "validate",
+    "load_model",
+    "export",
+    "load_spec",
+    "JobSpec",
+    "TrainResult",
+    "RayParallelError",
+    "__version__",
+]

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Optional, Union
 
 from .result import TrainResult
 from .spec import JobSpec, load_spec
 from .spec.references import add_search_path
 
-SpecSource = Union[str, os.PathLike, dict, JobSpec]
+SpecSource = str | os.PathLike | dict | JobSpec
 
 
 def validate(spec: SpecSource, overrides: Iterable[str] = ()) -> JobSpec:
@@ -31,10 +31,10 @@ def validate(spec: SpecSource, overrides: Iterable[str] = ()) -> JobSpec:
 def train(
     spec: SpecSource,
     overrides: Iterable[str] = (),
-    output_dir: Optional[Union[str, os.PathLike]] = None,
+    output_dir: str | os.PathLike | None = None,
     verbose: bool = True,
     worker_logs: bool = False,
-    resume: Optional[bool] = None,
+    resume: bool | None = None,
 ) -> TrainResult:
     """Train a job data-parallel on Ray and return its result (also written as result.json).
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 
 @dataclass
@@ -22,8 +22,8 @@ class TrainResult:
     checkpoints: list[str] = field(default_factory=list)
     baselines: dict = field(default_factory=dict)
     mlflow: dict = field(default_factory=dict)  # run_id, url, tracking_uri; `unlogged` if any
-    first_step_at: Optional[float] = None  # unix time rank 0 finished its first step
-    time_to_first_step_s: Optional[float] = None  # from connecting to Ray (after preflight) to that step
+    first_step_at: float | None = None  # unix time rank 0 finished its first step
+    time_to_first_step_s: float | None = None  # from connecting to Ray (after preflight) to that step
 
     @property
     def final(self) -> dict[str, float]:

@@ -17,8 +17,13 @@ def ray_address():
     import ray
 
     os.chdir(REPO)
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2"}})
+    ray.init(
+        address="local",
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2"}},
+    )
     try:
         yield ray.get_runtime_context().gcs_address
     finally:
@@ -31,8 +36,14 @@ def cli(*args: str, env: dict | None = None, cwd: Path = REPO, timeout: float = 
 
     environment = {**os.environ, **(env or {})}
     environment = {k: v for k, v in environment.items() if v != ""}  # "" unsets
-    return subprocess.run([sys.executable, "-m", "rayparallel.cli", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env=environment)
+    return subprocess.run(
+        [sys.executable, "-m", "rayparallel.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=environment,
+    )
 
 
 class DefaultJobRuns:
@@ -44,9 +55,19 @@ class DefaultJobRuns:
         self.results, self.stdout = {}, {}
         for workers in (1, 2):
             out = root / f"w{workers}"
-            run = cli("train", "jobs/stateful_lstm.yaml", "--set", f"scaling.num_workers={workers}",
-                      "--set", "train.epochs=3", "--set", "mlflow.enabled=false", "--output-dir", str(out),
-                      env={"RAY_ADDRESS": address})
+            run = cli(
+                "train",
+                "jobs/stateful_lstm.yaml",
+                "--set",
+                f"scaling.num_workers={workers}",
+                "--set",
+                "train.epochs=3",
+                "--set",
+                "mlflow.enabled=false",
+                "--output-dir",
+                str(out),
+                env={"RAY_ADDRESS": address},
+            )
             assert run.returncode == 0, run.stderr[-3000:]
             self.stdout[workers] = run.stdout
             self.results[workers] = json.loads((out / "result.json").read_text())
@@ -83,10 +104,26 @@ class MlflowServer:
         self.uri = f"http://127.0.0.1:{self.port}"
         self.log = open(folder / "mlflow-server.log", "w")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
-             "--backend-store-uri", f"sqlite:///{folder}/mlflow.db", "--artifacts-destination", str(folder / "artifacts"),
-             "--workers", "1"],
-            stdout=self.log, stderr=self.log, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "mlflow",
+                "server",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--backend-store-uri",
+                f"sqlite:///{folder}/mlflow.db",
+                "--artifacts-destination",
+                str(folder / "artifacts"),
+                "--workers",
+                "1",
+            ],
+            stdout=self.log,
+            stderr=self.log,
+            start_new_session=True,
+        )
         self._wait_healthy()
 
     def _wait_healthy(self, timeout: float = 90) -> None:

@@ -25,8 +25,12 @@ def sine_streams(global_batch_size: int, windows: int = 6):
     x = feats.reshape(global_batch_size, windows, 5, 2).transpose(1, 0, 2, 3).reshape(-1, 5, 2)
     y = target.reshape(global_batch_size, windows, 5, 1).transpose(1, 0, 2, 3).reshape(-1, 5, 1)
     cut = (windows - 2) * global_batch_size
-    return {"x_train": x[:cut].astype("float32"), "y_train": y[:cut].astype("float32"),
-            "x_val": x[cut:].astype("float32"), "y_val": y[cut:].astype("float32")}
+    return {
+        "x_train": x[:cut].astype("float32"),
+        "y_train": y[:cut].astype("float32"),
+        "x_val": x[cut:].astype("float32"),
+        "y_val": y[cut:].astype("float32"),
+    }
 
 
 def small_cnn(batch_size: int = 4, classes: int = 3):
@@ -47,6 +51,7 @@ def blobs(rows: int = 96, val_rows: int = 24, classes: int = 3):
 
 
 # --- bad inputs -------------------------------------------------------------------------
+
 
 def not_a_model(batch_size: int):
     return "a string"
@@ -80,8 +85,9 @@ def cnn_nan_after(batch_size: int = 4, steps: int = 15):
 
     class NanAfter(keras.layers.Layer):
         def build(self, input_shape):
-            self.calls = self.add_weight(shape=(), initializer="zeros", trainable=False,
-                                         aggregation="only_first_replica", name="calls")
+            self.calls = self.add_weight(
+                shape=(), initializer="zeros", trainable=False, aggregation="only_first_replica", name="calls"
+            )
 
         def call(self, x, training=False):
             if training:
@@ -100,8 +106,13 @@ LSTM_JOB = {
     "name": "lstm",
     "model": {"builder": "tests.models:stateful_lstm"},
     "data": {"loader": "tests.models:sine_streams", "layout": "streams"},
-    "train": {"global_batch_size": 6, "epochs": 2, "optimizer": {"class_name": "Adam", "config": {"learning_rate": 0.02}},
-              "metrics": ["mae"], "seed": 3},
+    "train": {
+        "global_batch_size": 6,
+        "epochs": 2,
+        "optimizer": {"class_name": "Adam", "config": {"learning_rate": 0.02}},
+        "metrics": ["mae"],
+        "seed": 3,
+    },
     "scaling": {"num_workers": 2},
 }
 

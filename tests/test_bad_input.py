@@ -24,25 +24,54 @@ CNN = {
 }
 
 
-@pytest.mark.parametrize("base, overrides, message", [
-    (CNN, ["model.builder=tests.models:not_a_model"],
-     "model.builder: expected a keras.Model, received 'a string' (str) from 'tests.models:not_a_model'"),
-    (CNN, ["model.builder=tests.models:fixed_batch_32", "scaling.num_workers=2"],
-     "model.builder: expected a model with batch size 4 (the per-worker batch), received input"),
-    (CNN, ["model.builder=tests.nowhere:build"], "model.builder: expected an importable 'module:function', received 'tests.nowhere:build'"),
-    (CNN, ["data.loader=tests.models:no_such_loader"], "data.loader: expected 'tests.models' to define 'no_such_loader'"),
-    (CNN, ["data.loader=tests.models:mismatched_lengths"],
-     "data.loader: expected x_train and y_train with the same number of rows, received x_train=40, y_train=39"),
-    (CNN, ["data.loader=tests.models:too_few_rows"],
-     "data.loader: expected at least one global batch (8 rows) in train, received 3 rows"),
-    (CNN, ["data.loader=tests.models:with_nan", "data.check_finite=true"],
-     "data.loader: expected finite values in x_train, received NaN/inf at row 5"),
-    (CNN, ["train.optimizer=adamm"], "train.optimizer: expected a Keras optimizer name"),
-    (CNN, ["train.loss=msee"], "train.loss: expected a Keras loss name"),
-    (CNN, ["train.metrics=[acuracy]"], "train.metrics: expected Keras metric names"),
-    (LSTM, ["data.loader=tests.models:small_cnn"],
-     "data.loader: expected a dict with x_train, y_train[, x_val, y_val], received <Functional"),
-])
+@pytest.mark.parametrize(
+    "base, overrides, message",
+    [
+        (
+            CNN,
+            ["model.builder=tests.models:not_a_model"],
+            "model.builder: expected a keras.Model, received 'a string' (str) from 'tests.models:not_a_model'",
+        ),
+        (
+            CNN,
+            ["model.builder=tests.models:fixed_batch_32", "scaling.num_workers=2"],
+            "model.builder: expected a model with batch size 4 (the per-worker batch), received input",
+        ),
+        (
+            CNN,
+            ["model.builder=tests.nowhere:build"],
+            "model.builder: expected an importable 'module:function', received 'tests.nowhere:build'",
+        ),
+        (
+            CNN,
+            ["data.loader=tests.models:no_such_loader"],
+            "data.loader: expected 'tests.models' to define 'no_such_loader'",
+        ),
+        (
+            CNN,
+            ["data.loader=tests.models:mismatched_lengths"],
+            "data.loader: expected x_train and y_train with the same number of rows, received x_train=40, y_train=39",
+        ),
+        (
+            CNN,
+            ["data.loader=tests.models:too_few_rows"],
+            "data.loader: expected at least one global batch (8 rows) in train, received 3 rows",
+        ),
+        (
+            CNN,
+            ["data.loader=tests.models:with_nan", "data.check_finite=true"],
+            "data.loader: expected finite values in x_train, received NaN/inf at row 5",
+        ),
+        (CNN, ["train.optimizer=adamm"], "train.optimizer: expected a Keras optimizer name"),
+        (CNN, ["train.loss=msee"], "train.loss: expected a Keras loss name"),
+        (CNN, ["train.metrics=[acuracy]"], "train.metrics: expected Keras metric names"),
+        (
+            LSTM,
+            ["data.loader=tests.models:small_cnn"],
+            "data.loader: expected a dict with x_train, y_train[, x_val, y_val], received <Functional",
+        ),
+    ],
+)
 def test_bad_input_is_one_clear_line(base, overrides, message):
     with pytest.raises(RayParallelError) as info:
         rayparallel.validate(base, overrides)
@@ -58,13 +87,17 @@ def test_valid_jobs_pass_validation():
 
 def test_cli_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path):
     job = tmp_path / "job.yaml"
-    job.write_text("name: x\nmodel: {builder: 'tests.models:not_a_model'}\n"
-                   "data: {loader: 'tests.models:blobs'}\ntrain: {global_batch_size: 8}\n")
+    job.write_text(
+        "name: x\nmodel: {builder: 'tests.models:not_a_model'}\n"
+        "data: {loader: 'tests.models:blobs'}\ntrain: {global_batch_size: 8}\n"
+    )
     out = tmp_path / "out"
     run = cli("train", str(job), "--output-dir", str(out))
     assert run.returncode == 2, run.stderr
     errors = [line for line in run.stderr.splitlines() if line.startswith("rayparallel: error:")]
-    assert errors == ["rayparallel: error: model.builder: expected a keras.Model, received 'a string' (str) from 'tests.models:not_a_model'"]
+    assert errors == [
+        "rayparallel: error: model.builder: expected a keras.Model, received 'a string' (str) from 'tests.models:not_a_model'"
+    ]
     assert "Traceback" not in run.stderr
     assert not out.exists()
 
@@ -72,5 +105,7 @@ def test_cli_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path):
 def test_cli_spec_error_needs_no_tensorflow(tmp_path):
     run = cli("validate", "jobs/stateful_lstm.yaml", "--set", "scaling.num_workers=3")
     assert run.returncode == 2
-    assert run.stderr.strip() == ("rayparallel: error: train.global_batch_size: expected a multiple of "
-                                  "scaling.num_workers=3 (each worker gets an equal slice), received 8")
+    assert run.stderr.strip() == (
+        "rayparallel: error: train.global_batch_size: expected a multiple of "
+        "scaling.num_workers=3 (each worker gets an equal slice), received 8"
+    )

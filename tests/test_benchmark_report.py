@@ -8,14 +8,34 @@ from benchmarks.run import RATIOS, plot, ratios, spread, table
 
 
 def synthetic_figures() -> dict:
-    raw = {"keras_fit_1t": [1000.0, 900.0, 1100.0], "keras_fit_2t": [1500.0, 1400.0, 1600.0],
-           "bare_1w": [1010.0, 880.0, 1000.0], "bare_2w": [1800.0, 1700.0, 1900.0],
-           "nosync_2w": [1900.0, 1800.0, 2000.0], "rp_1w": [1000.0, 800.0, 1000.0], "rp_2w": [1700.0, 1500.0, 1800.0]}
-    sync = [{"filters": f, "tensors": 16, "bytes": 2**20 * f // 8, "raw_allreduce_s": 1e-3 * f, "gradient_sync_s": 1.1e-3 * f}
-            for f in (8, 16, 32, 64)]
-    figures = {"machine": "test", "samples_per_s": {k: spread(v) for k, v in raw.items()}, "sync": sync,
-               "sync_vs_raw_allreduce": 1.1, "checkpoint_stall_vs_sync_save": 0.001, "time_to_first_step_s": 30.0,
-               "checkpoint": {"parameters": 5e7, "actor_blocked_s": 1e-3, "sync_save_weights_s": 0.6, "full_save_s": 0.5}}
+    raw = {
+        "keras_fit_1t": [1000.0, 900.0, 1100.0],
+        "keras_fit_2t": [1500.0, 1400.0, 1600.0],
+        "bare_1w": [1010.0, 880.0, 1000.0],
+        "bare_2w": [1800.0, 1700.0, 1900.0],
+        "nosync_2w": [1900.0, 1800.0, 2000.0],
+        "rp_1w": [1000.0, 800.0, 1000.0],
+        "rp_2w": [1700.0, 1500.0, 1800.0],
+    }
+    sync = [
+        {
+            "filters": f,
+            "tensors": 16,
+            "bytes": 2**20 * f // 8,
+            "raw_allreduce_s": 1e-3 * f,
+            "gradient_sync_s": 1.1e-3 * f,
+        }
+        for f in (8, 16, 32, 64)
+    ]
+    figures = {
+        "machine": "test",
+        "samples_per_s": {k: spread(v) for k, v in raw.items()},
+        "sync": sync,
+        "sync_vs_raw_allreduce": 1.1,
+        "checkpoint_stall_vs_sync_save": 0.001,
+        "time_to_first_step_s": 30.0,
+        "checkpoint": {"parameters": 5e7, "actor_blocked_s": 1e-3, "sync_save_weights_s": 0.6, "full_save_s": 0.5},
+    }
     figures.update(ratios(raw))
     return figures
 
@@ -32,8 +52,14 @@ def test_ratios_are_taken_within_each_round_then_the_median():
 def test_table_names_every_figure_and_plot_writes_a_png(tmp_path):
     figures = synthetic_figures()
     text = table(figures)
-    for line in ("overhead vs Keras fit", "scaling efficiency", "sync time vs raw all_reduce", "checkpoint stall",
-                 "time to first step", "1.010  [1.000-1.100]"):
+    for line in (
+        "overhead vs Keras fit",
+        "scaling efficiency",
+        "sync time vs raw all_reduce",
+        "checkpoint stall",
+        "time to first step",
+        "1.010  [1.000-1.100]",
+    ):
         assert line in text
     plot(figures, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"

@@ -9,13 +9,20 @@ import numpy as np
 import pytest
 
 import rayparallel
-from tests.models import lstm_job
 from rayparallel.errors import RayParallelError
+from tests.models import lstm_job
 
 from .conftest import cli
 
-LSTM = lstm_job("ckpt-lstm", "train.epochs=4", "checkpoint.monitor=val_loss", "checkpoint.mode=min", "checkpoint.keep=1",
-               "checkpoint.filepath=lstm-{epoch:02d}-{val_loss:.4f}-{val_mae:.4f}.weights.h5")
+LSTM = lstm_job(
+    "ckpt-lstm",
+    "train.epochs=4",
+    "checkpoint.monitor=val_loss",
+    "checkpoint.mode=min",
+    "checkpoint.keep=1",
+    "checkpoint.filepath=lstm-{epoch:02d}-{val_loss:.4f}-{val_mae:.4f}.weights.h5",
+)
+
 
 @pytest.fixture(scope="module")
 def trained(ray_address, tmp_path_factory):
@@ -29,8 +36,10 @@ def test_files_named_by_template_and_kept_by_rule(trained):
     manifest = json.loads(open(f"{folder}/manifest.json").read())
     history = trained.history
     best_epoch = int(np.argmin([h["val_loss"] for h in history])) + 1
-    expected = {f"lstm-{e:02d}-{history[e - 1]['val_loss']:.4f}-{history[e - 1]['val_mae']:.4f}.weights.h5"
-                for e in {best_epoch, len(history)}}  # keep: 1 -> the best one plus the latest
+    expected = {
+        f"lstm-{e:02d}-{history[e - 1]['val_loss']:.4f}-{history[e - 1]['val_mae']:.4f}.weights.h5"
+        for e in {best_epoch, len(history)}
+    }  # keep: 1 -> the best one plus the latest
     import os
 
     on_disk = {f for f in os.listdir(folder) if f.endswith(".weights.h5") and f != "final.weights.h5"}
@@ -66,18 +75,22 @@ def test_export_at_batch_1_streams_like_the_training_replica(trained, tmp_path):
     assert error < 1e-5
 
     same = rayparallel.load_model(trained.checkpoint_dir, batch_size=1)
-    assert all(np.array_equal(a, b) for a, b in zip(same.get_weights(), streaming.get_weights()))
+    assert all(np.array_equal(a, b) for a, b in zip(same.get_weights(), streaming.get_weights(), strict=True))
 
 
 @pytest.mark.slow
 def test_export_errors_are_one_line(trained, tmp_path):
-    with pytest.raises(RayParallelError, match="expected a .weights.h5 file or a checkpoint folder, received .*missing"):
+    with pytest.raises(
+        RayParallelError, match="expected a .weights.h5 file or a checkpoint folder, received .*missing"
+    ):
         rayparallel.load_model(tmp_path / "missing")
     corrupt = tmp_path / "c"
     corrupt.mkdir()
     (corrupt / "manifest.json").write_text(open(f"{trained.checkpoint_dir}/manifest.json").read())
     (corrupt / "x.weights.h5").write_bytes(b"not hdf5")
-    with pytest.raises(RayParallelError, match="expected a Keras .weights.h5 \\(HDF5\\) file, received .*corrupt or not HDF5"):
+    with pytest.raises(
+        RayParallelError, match="expected a Keras .weights.h5 \\(HDF5\\) file, received .*corrupt or not HDF5"
+    ):
         rayparallel.load_model(corrupt / "x.weights.h5")
     manifest = json.loads(open(f"{trained.checkpoint_dir}/manifest.json").read())
     manifest["model"]["kwargs"] = {"units": 9}  # the builder no longer matches the weights
@@ -103,8 +116,14 @@ def test_slow_writes_do_not_hold_the_step_loop(ray_address, tmp_path):
             time.sleep(2.0)
             super()._write(weights, path)
 
-    spec = load_spec({"name": "slow", "model": {"builder": "tests.models:small_cnn"},
-                      "data": {"loader": "tests.models:blobs"}, "train": {"global_batch_size": 8}})
+    spec = load_spec(
+        {
+            "name": "slow",
+            "model": {"builder": "tests.models:small_cnn"},
+            "data": {"loader": "tests.models:blobs"},
+            "train": {"global_batch_size": 8},
+        }
+    )
     actor = ray.remote(num_cpus=0, concurrency_groups={"io": 1})(SlowWriter).remote(spec, str(tmp_path), ["."])
     client = CheckpointClient(actor)
     weights = small_cnn().get_weights()
@@ -119,7 +138,9 @@ def test_slow_writes_do_not_hold_the_step_loop(ray_address, tmp_path):
     assert not (tmp_path / "epoch-001.weights.h5").exists()  # still being written
     client.flush()
     assert (tmp_path / "epoch-001.weights.h5").exists()
-    print(f"slow writes: save handed over in {handed_over * 1000:.0f} ms, {steps_during_write} steps ran during a 2 s write")
+    print(
+        f"slow writes: save handed over in {handed_over * 1000:.0f} ms, {steps_during_write} steps ran during a 2 s write"
+    )
     assert handed_over < 0.5 and steps_during_write > 10
 
     started = time.perf_counter()  # backpressure: a third save in flight waits for the oldest
@@ -135,8 +156,12 @@ def test_unwritable_checkpoint_dir_fails_before_training(tmp_path):
 
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    with pytest.raises(RayParallelError, match=f"checkpoint.dir: expected a writable folder with free space, received '{blocker}"):
-        rayparallel.train(dict(LSTM, checkpoint={"dir": str(blocker / "ckpt")}), output_dir=tmp_path / "o", verbose=False)
+    with pytest.raises(
+        RayParallelError, match=f"checkpoint.dir: expected a writable folder with free space, received '{blocker}"
+    ):
+        rayparallel.train(
+            dict(LSTM, checkpoint={"dir": str(blocker / "ckpt")}), output_dir=tmp_path / "o", verbose=False
+        )
     assert blocker.read_text() == "not a folder" and not os.path.exists(tmp_path / "o" / "result.json")
 
 

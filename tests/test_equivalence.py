@@ -15,9 +15,17 @@ CNN = {
     "name": "eq-cnn",
     "model": {"builder": "tests.models:small_cnn"},
     "data": {"loader": "tests.models:blobs", "layout": "shuffle"},
-    "train": {"global_batch_size": 8, "epochs": 2, "optimizer": "adam", "seed": 5,
-              "loss": "sparse_categorical_crossentropy",
-              "metrics": ["accuracy", {"class_name": "MeanIoU", "config": {"num_classes": 3, "sparse_y_pred": False, "name": "miou"}}]},
+    "train": {
+        "global_batch_size": 8,
+        "epochs": 2,
+        "optimizer": "adam",
+        "seed": 5,
+        "loss": "sparse_categorical_crossentropy",
+        "metrics": [
+            "accuracy",
+            {"class_name": "MeanIoU", "config": {"num_classes": 3, "sparse_y_pred": False, "name": "miou"}},
+        ],
+    },
     "scaling": {"num_workers": 1},
 }
 
@@ -30,12 +38,16 @@ def final_weights(result, builder) -> list[np.ndarray]:
 
 
 def max_relative_error(a: list[np.ndarray], b: list[np.ndarray]) -> float:
-    return max(float(np.max(np.abs(x - y)) / (np.max(np.abs(y)) + 1e-12)) for x, y in zip(a, b))
+    return max(float(np.max(np.abs(x - y)) / (np.max(np.abs(y)) + 1e-12)) for x, y in zip(a, b, strict=True))
 
 
 def run(spec, tmp_path, workers, cpus):
-    return rayparallel.train(spec, [f"scaling.num_workers={workers}", f"scaling.resources_per_worker.CPU={cpus}"],
-                             output_dir=tmp_path / f"{spec['name']}-{workers}", verbose=False)
+    return rayparallel.train(
+        spec,
+        [f"scaling.num_workers={workers}", f"scaling.resources_per_worker.CPU={cpus}"],
+        output_dir=tmp_path / f"{spec['name']}-{workers}",
+        verbose=False,
+    )
 
 
 def test_stateful_lstm_streams_1_2_3_workers_same_weights(ray_address, tmp_path):
@@ -78,8 +90,12 @@ def test_xla_step_trains_the_same_model(cnn_one_worker, tmp_path):
     from tests.models import small_cnn
 
     one = cnn_one_worker
-    xla = rayparallel.train(CNN, ["scaling.num_workers=2", "scaling.resources_per_worker.CPU=1", "train.jit_compile=true"],
-                            output_dir=tmp_path / "xla", verbose=False)
+    xla = rayparallel.train(
+        CNN,
+        ["scaling.num_workers=2", "scaling.resources_per_worker.CPU=1", "train.jit_compile=true"],
+        output_dir=tmp_path / "xla",
+        verbose=False,
+    )
     error = max_relative_error(final_weights(xla, small_cnn), final_weights(one, small_cnn))
     print(f"cnn shuffle: 2 workers with XLA vs 1 without, max relative weight error {error:.2e}")
     assert error < 1e-5

@@ -13,13 +13,19 @@ import numpy as np
 import pytest
 
 import rayparallel
-from tests.models import lstm_job
 from rayparallel.errors import RayParallelError
+from tests.models import lstm_job
 
 pytestmark = pytest.mark.slow
 
-LSTM = lstm_job("fault-lstm", "data.kwargs.windows=150", "train.epochs=5",
-               "train.optimizer.config.learning_rate=0.01", "mlflow.enabled=false")
+LSTM = lstm_job(
+    "fault-lstm",
+    "data.kwargs.windows=150",
+    "train.epochs=5",
+    "train.optimizer.config.learning_rate=0.01",
+    "mlflow.enabled=false",
+)
+
 
 def weights_of(result):
     from tests.models import stateful_lstm
@@ -30,7 +36,7 @@ def weights_of(result):
 
 
 def relative_error(a, b) -> float:
-    return max(float(np.max(np.abs(x - y)) / (np.max(np.abs(y)) + 1e-12)) for x, y in zip(a, b))
+    return max(float(np.max(np.abs(x - y)) / (np.max(np.abs(y)) + 1e-12)) for x, y in zip(a, b, strict=True))
 
 
 def kill_a_worker_when(epochs_done: int, killed: dict, run_prefix: str) -> threading.Thread:
@@ -65,8 +71,9 @@ def test_killed_worker_resumes_to_the_same_weights(uninterrupted, tmp_path):
     from mlflow.tracking import MlflowClient
 
     store = f"sqlite:///{tmp_path}/mlflow.db"
-    spec = dict(LSTM, name="fault-kill", failure={"max_failures": 1},
-                mlflow={"tracking_uri": store, "experiment": "fault"})
+    spec = dict(
+        LSTM, name="fault-kill", failure={"max_failures": 1}, mlflow={"tracking_uri": store, "experiment": "fault"}
+    )
     killed: dict = {}
     watcher = kill_a_worker_when(2, killed, "rayparallel:fault-kill-")
     result = rayparallel.train(spec, output_dir=tmp_path / "out", verbose=False)
@@ -76,7 +83,9 @@ def test_killed_worker_resumes_to_the_same_weights(uninterrupted, tmp_path):
     error = relative_error(weights_of(result), weights_of(uninterrupted))
     print(f"resume after SIGKILL of rank 1 after epoch {killed['after_epoch']}: max relative weight error {error:.2e}")
     assert error < 1e-5
-    assert [h["val_loss"] for h in result.history] == pytest.approx([h["val_loss"] for h in uninterrupted.history], rel=1e-5)
+    assert [h["val_loss"] for h in result.history] == pytest.approx(
+        [h["val_loss"] for h in uninterrupted.history], rel=1e-5
+    )
 
     manifest = json.loads(open(f"{result.checkpoint_dir}/manifest.json").read())
     assert [c["epoch"] for c in manifest["checkpoints"]] == [1, 2, 3, 4, 5]
@@ -103,11 +112,19 @@ def test_dead_peer_is_detected_within_the_timeout(ray_address, tmp_path):
 
 
 def test_nan_loss_stops_naming_epoch_and_step(ray_address, tmp_path):
-    spec = {"name": "fault-nan", "model": {"builder": "tests.models:cnn_nan_after", "kwargs": {"steps": 15}},
-            "data": {"loader": "tests.models:blobs"},
-            "train": {"global_batch_size": 8, "epochs": 3, "loss": "sparse_categorical_crossentropy",
-                      "progress_every_n_steps": 5},
-            "scaling": {"num_workers": 2}, "mlflow": {"enabled": False}}
+    spec = {
+        "name": "fault-nan",
+        "model": {"builder": "tests.models:cnn_nan_after", "kwargs": {"steps": 15}},
+        "data": {"loader": "tests.models:blobs"},
+        "train": {
+            "global_batch_size": 8,
+            "epochs": 3,
+            "loss": "sparse_categorical_crossentropy",
+            "progress_every_n_steps": 5,
+        },
+        "scaling": {"num_workers": 2},
+        "mlflow": {"enabled": False},
+    }
     with pytest.raises(RayParallelError) as info:
         rayparallel.train(spec, output_dir=tmp_path / "out", verbose=False)
     assert str(info.value).startswith("train.on_nan: expected finite losses, received NaN/inf at epoch 2, step 4;")
@@ -146,9 +163,14 @@ def test_ctrl_c_ends_the_run_cleanly(ray_address, tmp_path):
     store = f"sqlite:///{tmp_path}/mlflow.db"
     job = tmp_path / "job.yaml"
     job.write_text(__import__("yaml").safe_dump(dict(LSTM, name="fault-sigint", mlflow={"tracking_uri": store})))
-    cli = subprocess.Popen([sys.executable, "-m", "rayparallel.cli", "train", str(job), "--output-dir", str(tmp_path / "out")],
-                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           env={**os.environ, "RAY_ADDRESS": ray_address, "PYTHONUNBUFFERED": "1"})
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "rayparallel.cli", "train", str(job), "--output-dir", str(tmp_path / "out")],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "RAY_ADDRESS": ray_address, "PYTHONUNBUFFERED": "1"},
+    )
     seen = []
     for line in cli.stdout:  # wait until training shows progress
         seen.append(line)
@@ -165,4 +187,6 @@ def test_ctrl_c_ends_the_run_cleanly(ray_address, tmp_path):
     run = client.search_runs([client.get_experiment_by_name("fault-sigint").experiment_id])[0]
     assert run.info.status == "KILLED"
     time.sleep(2)  # the CLI's driver is gone, and with it every actor it owned
-    assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("rayparallel:fault-sigint")]
+    assert not [
+        a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("rayparallel:fault-sigint")
+    ]

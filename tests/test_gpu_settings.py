@@ -22,9 +22,18 @@ def test_mixed_float16_skips_overflowing_steps_on_every_worker_and_trains(ray_ad
     from tests.models import small_cnn
 
     initial = 2.0**30  # overflows float16 gradients: the first steps must be skipped, everywhere
-    result = rayparallel.train(CNN, ["scaling.num_workers=2", "run.collective_timeout_s=120", "train.epochs=3",
-                                     "train.dtype_policy=mixed_float16", f"train.initial_loss_scale={initial}"],
-                               output_dir=tmp_path / "fp16", verbose=False)
+    result = rayparallel.train(
+        CNN,
+        [
+            "scaling.num_workers=2",
+            "run.collective_timeout_s=120",
+            "train.epochs=3",
+            "train.dtype_policy=mixed_float16",
+            f"train.initial_loss_scale={initial}",
+        ],
+        output_dir=tmp_path / "fp16",
+        verbose=False,
+    )
     scales = [epoch["loss_scale"] for epoch in result.history]
     print(f"mixed_float16: loss scale per epoch {scales}, loss {[round(e['loss'], 4) for e in result.history]}")
     assert 1.0 <= scales[0] < initial  # halved on overflow

@@ -71,4 +71,6 @@ def test_mlflow_deployment_has_a_database_and_an_artifact_store():
 def test_image_pins_the_same_versions_as_pyproject():
     dockerfile = (INFRA / "docker" / "Dockerfile").read_text()
     for package, version in pins().items():
-        assert re.search(rf'"{package}(\[[^\]]*\])?=={re.escape(version)}"', dockerfile), f"{package}=={version} not pinned"
+        assert re.search(rf'"{package}(\[[^\]]*\])?=={re.escape(version)}"', dockerfile), (
+            f"{package}=={version} not pinned"
+        )

@@ -19,12 +19,21 @@ pytestmark = pytest.mark.slow
 
 LSTM = lstm_job("mlflow-lstm", "train.epochs=3", "train.progress_every_n_steps=2")
 
+
 def test_run_is_complete_in_a_real_server(ray_address, mlflow_server, tmp_path):
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    spec = dict(LSTM, mlflow={"tracking_uri": mlflow_server.uri, "experiment": "rp-tests", "register_model": "rp-lstm",
-                              "log_step_loss": True, "tags": {"team": "tests"}})
+    spec = dict(
+        LSTM,
+        mlflow={
+            "tracking_uri": mlflow_server.uri,
+            "experiment": "rp-tests",
+            "register_model": "rp-lstm",
+            "log_step_loss": True,
+            "tags": {"team": "tests"},
+        },
+    )
     result = rayparallel.train(spec, output_dir=tmp_path / "out", verbose=False)
     client = MlflowClient(mlflow_server.uri)
     experiment = client.get_experiment_by_name("rp-tests")
@@ -33,7 +42,9 @@ def test_run_is_complete_in_a_real_server(ray_address, mlflow_server, tmp_path):
     run = runs[0]
     assert run.info.run_id == result.mlflow["run_id"]
     assert run.info.status == "FINISHED"
-    assert result.mlflow["url"] == f"{mlflow_server.uri}/#/experiments/{experiment.experiment_id}/runs/{run.info.run_id}"
+    assert (
+        result.mlflow["url"] == f"{mlflow_server.uri}/#/experiments/{experiment.experiment_id}/runs/{run.info.run_id}"
+    )
     params = run.data.params
     assert params["train.global_batch_size"] == "6" and params["num_workers"] == "2"
     assert params["per_worker_batch_size"] == "3" and params["version.keras"].startswith("3.")
@@ -94,8 +105,14 @@ def test_embedded_default_is_the_local_sqlite_store(ray_address, tmp_path):
     from mlflow.tracking import MlflowClient
 
     shutil.copytree(REPO / "jobs", tmp_path / "jobs")
-    run = cli("train", "jobs/stateful_lstm.yaml", "--set", "train.epochs=1", cwd=tmp_path,
-              env={"RAY_ADDRESS": ray_address, "MLFLOW_TRACKING_URI": ""})
+    run = cli(
+        "train",
+        "jobs/stateful_lstm.yaml",
+        "--set",
+        "train.epochs=1",
+        cwd=tmp_path,
+        env={"RAY_ADDRESS": ray_address, "MLFLOW_TRACKING_URI": ""},
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     store = f"sqlite:///{tmp_path}/mlflow.db"
     assert f"browse: mlflow ui --backend-store-uri {store}" in run.stdout

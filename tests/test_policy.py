@@ -54,7 +54,10 @@ def test_keep_best_k_plus_latest():
 def test_template_naming_unknown_metric_is_rejected():
     keys = ["loss", "accuracy", "val_loss", "val_accuracy"]
     spec = CheckpointSpec(filepath="m-{epoch:02d}-{val_iou:.3f}.weights.h5")
-    with pytest.raises(SpecError, match=r"checkpoint.filepath: expected fields among \[.*'val_loss'.*\] \(figures at epoch end\), received \{val_iou\}"):
+    with pytest.raises(
+        SpecError,
+        match=r"checkpoint.filepath: expected fields among \[.*'val_loss'.*\] \(figures at epoch end\), received \{val_iou\}",
+    ):
         check_against_metrics(spec, keys, ["loss"])
     step_spec = CheckpointSpec(filepath="m-{step}-{val_loss}.weights.h5", save_freq=5)
     with pytest.raises(SpecError, match=r"\(figures every 5 steps\), received \{val_loss\}"):

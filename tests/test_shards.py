@@ -22,8 +22,8 @@ def test_workers_partition_each_global_batch_without_overlap():
     parts = [worker_rows(order, 12, r, 3) for r in range(3)]
     assert all(len(p) == 16 for p in parts)
     for step in range(4):
-        joined = np.concatenate([p[step * 4:(step + 1) * 4] for p in parts])
-        assert (joined == order[step * 12:(step + 1) * 12]).all()
+        joined = np.concatenate([p[step * 4 : (step + 1) * 4] for p in parts])
+        assert (joined == order[step * 12 : (step + 1) * 12]).all()
 
 
 def test_shuffle_is_seeded_per_epoch_and_identical_everywhere():
@@ -40,5 +40,5 @@ def test_batches_feed_each_worker_its_rows_in_step_order_for_every_input():
     fed = list(batches(split, rows, per_worker=4))
     assert len(fed) == 2
     for step, (xb, yb) in enumerate(fed):
-        expected = rows[step * 4:(step + 1) * 4]
+        expected = rows[step * 4 : (step + 1) * 4]
         assert (yb == expected).all() and (xb["a"] == expected * 10).all() and (xb["b"] == expected * 100).all()

@@ -31,32 +31,60 @@ def test_defaults_and_per_worker_batch():
 
 
 def test_overrides_are_yaml_typed_and_dotted():
-    spec = load_spec(BASE, ["train.epochs=3", "train.optimizer={class_name: SGD, config: {learning_rate: 0.1}}",
-                            "scaling.resources_per_worker.CPU=0.5"])
+    spec = load_spec(
+        BASE,
+        [
+            "train.epochs=3",
+            "train.optimizer={class_name: SGD, config: {learning_rate: 0.1}}",
+            "scaling.resources_per_worker.CPU=0.5",
+        ],
+    )
     assert spec.train.epochs == 3
     assert spec.train.optimizer == {"class_name": "SGD", "config": {"learning_rate": 0.1}}
     assert spec.scaling.resources_per_worker == {"CPU": 0.5}
 
 
-@pytest.mark.parametrize("raw, overrides, message", [
-    (with_(train__global_batch_size=9, scaling__num_workers=2), [],
-     "train.global_batch_size: expected a multiple of scaling.num_workers=2 (each worker gets an equal slice), received 9"),
-    (with_(train__epochs=0), [], "train.epochs: expected a positive number, received 0"),
-    (with_(train__global_batch_size=-4), [], "train.global_batch_size: expected a positive number, received -4"),
-    (with_(train__epoch=3), [], "train.epoch: unknown key; expected one of"),
-    (with_(train__epochs="three"), [], "train.epochs: expected an integer, received 'three' (str)"),
-    (with_(train__epochs=True), [], "train.epochs: expected an integer, received True (bool)"),
-    (with_(data__layout="stream"), [], "data.layout: expected one of ['streams', 'shuffle'], received 'stream' (str)"),
-    (with_(model__builder="tests.models.small_cnn"), [], "model.builder: expected 'module:function', received 'tests.models.small_cnn'"),
-    (with_(scaling__placement_strategy="spread"), [], "scaling.placement_strategy: expected one of"),
-    ({k: v for k, v in BASE.items() if k != "train"}, [], "train: required key is missing"),
-    (BASE, ["train.epochs"], "--set: expected KEY.PATH=VALUE, received 'train.epochs'"),
-    (BASE, ["name.x=1"], "--set name.x: expected name to be a section, received 't' (str)"),
-    (BASE, ["scalling.num_workers=2"], "scalling: unknown key"),
-    (BASE, ["train.jit_compile=maybe"], "train.jit_compile: expected true or false or 'auto', received 'maybe' (str)"),
-    (BASE, ["train.dtype_policy=float16"], "train.dtype_policy: expected one of ['float32', 'mixed_float16', 'mixed_bfloat16']"),
-    (BASE, ["train.initial_loss_scale=0"], "train.initial_loss_scale: expected a positive number, received 0.0"),
-])
+@pytest.mark.parametrize(
+    "raw, overrides, message",
+    [
+        (
+            with_(train__global_batch_size=9, scaling__num_workers=2),
+            [],
+            "train.global_batch_size: expected a multiple of scaling.num_workers=2 (each worker gets an equal slice), received 9",
+        ),
+        (with_(train__epochs=0), [], "train.epochs: expected a positive number, received 0"),
+        (with_(train__global_batch_size=-4), [], "train.global_batch_size: expected a positive number, received -4"),
+        (with_(train__epoch=3), [], "train.epoch: unknown key; expected one of"),
+        (with_(train__epochs="three"), [], "train.epochs: expected an integer, received 'three' (str)"),
+        (with_(train__epochs=True), [], "train.epochs: expected an integer, received True (bool)"),
+        (
+            with_(data__layout="stream"),
+            [],
+            "data.layout: expected one of ['streams', 'shuffle'], received 'stream' (str)",
+        ),
+        (
+            with_(model__builder="tests.models.small_cnn"),
+            [],
+            "model.builder: expected 'module:function', received 'tests.models.small_cnn'",
+        ),
+        (with_(scaling__placement_strategy="spread"), [], "scaling.placement_strategy: expected one of"),
+        ({k: v for k, v in BASE.items() if k != "train"}, [], "train: required key is missing"),
+        (BASE, ["train.epochs"], "--set: expected KEY.PATH=VALUE, received 'train.epochs'"),
+        (BASE, ["name.x=1"], "--set name.x: expected name to be a section, received 't' (str)"),
+        (BASE, ["scalling.num_workers=2"], "scalling: unknown key"),
+        (
+            BASE,
+            ["train.jit_compile=maybe"],
+            "train.jit_compile: expected true or false or 'auto', received 'maybe' (str)",
+        ),
+        (
+            BASE,
+            ["train.dtype_policy=float16"],
+            "train.dtype_policy: expected one of ['float32', 'mixed_float16', 'mixed_bfloat16']",
+        ),
+        (BASE, ["train.initial_loss_scale=0"], "train.initial_loss_scale: expected a positive number, received 0.0"),
+    ],
+)
 def test_bad_specs_name_key_expected_and_received(raw, overrides, message):
     with pytest.raises(SpecError) as info:
         load_spec(raw, overrides)

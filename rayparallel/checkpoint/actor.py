@@ -17,15 +17,15 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import ray
 
 from ..spec import JobSpec
 from ..spec.references import add_search_path
-from .files import write_weights
 from ..tracking.mlflow_run import MlflowRun
 from ..tracking.params import run_params, worker_tags
+from .files import write_weights
 from .manifest import MANIFEST, model_recipe, write_manifest
 from .policy import Policy, Saved
 
@@ -33,7 +33,7 @@ FINAL = "final.weights.h5"
 
 
 class CheckpointWriter:
-    def __init__(self, spec: JobSpec, checkpoint_dir: str, search_path: list[str], tracking: Optional[dict] = None):
+    def __init__(self, spec: JobSpec, checkpoint_dir: str, search_path: list[str], tracking: dict | None = None):
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         if search_path and os.path.isdir(search_path[0]):
             os.chdir(search_path[0])
@@ -46,13 +46,13 @@ class CheckpointWriter:
         self._history: dict[int, dict] = {}
         self._workers: dict[int, dict] = {}
         self._policy = Policy(spec.checkpoint)
-        self._final: Optional[Saved] = None
-        self._final_values: Optional[list] = None
-        self._first_step_at: Optional[float] = None
-        self._recipe: Optional[dict] = None
+        self._final: Saved | None = None
+        self._final_values: list | None = None
+        self._first_step_at: float | None = None
+        self._recipe: dict | None = None
         self._model_lock = threading.Lock()
         threading.Thread(target=self._warm_up, daemon=True).start()
-        self._tracking: Optional[MlflowRun] = None
+        self._tracking: MlflowRun | None = None
         if tracking:
             self._tracking = MlflowRun(notify=self._warn, **tracking)
             self._tracking.log_params(run_params(spec))
@@ -67,8 +67,16 @@ class CheckpointWriter:
 
     def log_progress(self, epoch: int, step: int, steps: int, loss: float, samples_per_s: float) -> None:
         with self._lock:
-            self._events.append({"kind": "progress", "epoch": epoch, "step": step, "steps": steps,
-                                 "loss": loss, "samples_per_s": samples_per_s})
+            self._events.append(
+                {
+                    "kind": "progress",
+                    "epoch": epoch,
+                    "step": step,
+                    "steps": steps,
+                    "loss": loss,
+                    "samples_per_s": samples_per_s,
+                }
+            )
         if self._tracking and self._spec.mlflow.log_step_loss:
             self._tracking.log_metrics({"step_loss": loss}, step=(epoch - 1) * steps + step)
 
@@ -91,12 +99,12 @@ class CheckpointWriter:
         with self._lock:
             self._first_step_at = self._first_step_at or at
 
-    def best_value(self) -> Optional[float]:
+    def best_value(self) -> float | None:
         """The monitor's best so far, so a restarted rank 0 keeps `save_best_only` right."""
         return self._policy.best
 
     @ray.method(concurrency_group="io")
-    def save_checkpoint(self, weights: list, epoch: int, step: int, batch: int, metrics: dict) -> Optional[str]:
+    def save_checkpoint(self, weights: list, epoch: int, step: int, batch: int, metrics: dict) -> str | None:
         if not self._policy.should_save(metrics):
             return None
         name = self._policy.filename(epoch, step, batch, metrics)
@@ -121,15 +129,20 @@ class CheckpointWriter:
         return str(self._dir / FINAL)
 
     # -- from the driver ----------------------------------------------------------------
-    def tracking_info(self, timeout: float) -> Optional[dict]:
+    def tracking_info(self, timeout: float) -> dict | None:
         """The MLflow run once it exists (waits up to `timeout`); None when tracking is off."""
         if not self._tracking:
             return None
         started = self._tracking.wait_started(timeout)
-        return {"run_id": self._tracking.run_id, "url": self._tracking.url(), "started": started,
-                "tracking_uri": self._tracking.tracking_uri, "experiment": self._tracking.experiment}
+        return {
+            "run_id": self._tracking.run_id,
+            "url": self._tracking.url(),
+            "started": started,
+            "tracking_uri": self._tracking.tracking_uri,
+            "experiment": self._tracking.experiment,
+        }
 
-    def finish(self, status: str, files: list[str]) -> Optional[dict]:
+    def finish(self, status: str, files: list[str]) -> dict | None:
         """Log the run's last files and the final model, end the run as `status`."""
         if not self._tracking:
             return None
@@ -149,12 +162,14 @@ class CheckpointWriter:
 
     def summary(self) -> dict[str, Any]:
         with self._lock:
-            return {"history": [self._history[e] for e in sorted(self._history)],
-                    "final_weights": str(self._dir / FINAL) if self._final else None,
-                    "checkpoint_dir": str(self._dir),
-                    "checkpoints": [str(self._dir / s.file) for s in self._policy.saved],
-                    "workers": [self._workers[r] for r in sorted(self._workers)],
-                    "first_step_at": self._first_step_at}
+            return {
+                "history": [self._history[e] for e in sorted(self._history)],
+                "final_weights": str(self._dir / FINAL) if self._final else None,
+                "checkpoint_dir": str(self._dir),
+                "checkpoints": [str(self._dir / s.file) for s in self._policy.saved],
+                "workers": [self._workers[r] for r in sorted(self._workers)],
+                "first_step_at": self._first_step_at,
+            }
 
     # -- internals ----------------------------------------------------------------------
     def _write(self, weights: list, path: Path) -> None:

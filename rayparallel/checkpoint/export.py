@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 from ..errors import RayParallelError
 from ..spec import ModelSpec
 from .manifest import read_manifest
 
 
-def find_weights(checkpoint: Union[str, os.PathLike]) -> tuple[Path, dict]:
+def find_weights(checkpoint: str | os.PathLike) -> tuple[Path, dict]:
     """A weights file and its manifest; a folder means its best checkpoint (else the final one)."""
     path = Path(checkpoint)
     if not path.exists():
-        raise RayParallelError(f"checkpoint: expected a .weights.h5 file or a checkpoint folder, received {str(path)!r} (not found)")
+        raise RayParallelError(
+            f"checkpoint: expected a .weights.h5 file or a checkpoint folder, received {str(path)!r} (not found)"
+        )
     folder = path if path.is_dir() else path.parent
     manifest = read_manifest(folder)
     if path.is_dir():
@@ -28,14 +30,18 @@ def find_weights(checkpoint: Union[str, os.PathLike]) -> tuple[Path, dict]:
         if not chosen and manifest.get("checkpoints"):
             chosen = manifest["checkpoints"][-1]["file"]
         if not chosen:
-            raise RayParallelError(f"checkpoint: expected {str(folder)!r} to list at least one weights file, received none")
+            raise RayParallelError(
+                f"checkpoint: expected {str(folder)!r} to list at least one weights file, received none"
+            )
         path = folder / chosen
     if not path.is_file():
-        raise RayParallelError(f"checkpoint: expected the weights file {str(path)!r} listed in the manifest, received none (deleted?)")
+        raise RayParallelError(
+            f"checkpoint: expected the weights file {str(path)!r} listed in the manifest, received none (deleted?)"
+        )
     return path, manifest
 
 
-def load_model(checkpoint: Union[str, os.PathLike], batch_size: int = 1) -> Any:
+def load_model(checkpoint: str | os.PathLike, batch_size: int = 1) -> Any:
     """The base model rebuilt for `batch_size` with the checkpoint's weights.
 
     >>> model = rayparallel.load_model("runs/stateful-lstm-co2/checkpoints", batch_size=1)  # doctest: +SKIP
@@ -49,7 +55,9 @@ def load_model(checkpoint: Union[str, os.PathLike], batch_size: int = 1) -> Any:
         raise RayParallelError(f"batch_size: expected a positive integer, received {batch_size!r}")
     path, manifest = find_weights(checkpoint)
     if not h5py.is_hdf5(path):
-        raise RayParallelError(f"checkpoint: expected a Keras .weights.h5 (HDF5) file, received {str(path)!r} (corrupt or not HDF5)")
+        raise RayParallelError(
+            f"checkpoint: expected a Keras .weights.h5 (HDF5) file, received {str(path)!r} (corrupt or not HDF5)"
+        )
     recipe = manifest["model"]
     add_search_path([os.getcwd()])
     model = build_replica(ModelSpec(builder=recipe["builder"], kwargs=recipe.get("kwargs") or {}), batch_size)
@@ -64,7 +72,7 @@ def load_model(checkpoint: Union[str, os.PathLike], batch_size: int = 1) -> Any:
     return model
 
 
-def export(checkpoint: Union[str, os.PathLike], out: Union[str, os.PathLike], batch_size: int = 1) -> Path:
+def export(checkpoint: str | os.PathLike, out: str | os.PathLike, batch_size: int = 1) -> Path:
     """Save the rebuilt model as a full `.keras` file (architecture + weights)."""
     out = Path(out)
     if out.suffix != ".keras":

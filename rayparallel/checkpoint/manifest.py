@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from ..errors import RayParallelError
 from .files import atomic_write_text
@@ -22,11 +22,15 @@ def model_recipe(spec: Any) -> dict:
     """How to rebuild the base model: builder, kwargs, the batch it was trained with, versions."""
     import keras
 
-    return {"builder": spec.model.builder, "kwargs": spec.model.kwargs,
-            "trained_batch_size": spec.per_worker_batch_size, "keras_version": keras.__version__}
+    return {
+        "builder": spec.model.builder,
+        "kwargs": spec.model.kwargs,
+        "trained_batch_size": spec.per_worker_batch_size,
+        "keras_version": keras.__version__,
+    }
 
 
-def write_manifest(folder: Path, recipe: dict, policy: Any, final: Optional[Saved]) -> None:
+def write_manifest(folder: Path, recipe: dict, policy: Any, final: Saved | None) -> None:
     best = policy.best_entry()
     body = {
         "model": recipe,
@@ -42,8 +46,12 @@ def write_manifest(folder: Path, recipe: dict, policy: Any, final: Optional[Save
 def read_manifest(folder: Path) -> dict:
     path = folder / MANIFEST
     if not path.is_file():
-        raise RayParallelError(f"checkpoint: expected {MANIFEST} in {str(folder)!r} (written by rayparallel train), received none")
+        raise RayParallelError(
+            f"checkpoint: expected {MANIFEST} in {str(folder)!r} (written by rayparallel train), received none"
+        )
     try:
         return json.loads(path.read_text())
     except (ValueError, OSError) as exc:
-        raise RayParallelError(f"checkpoint: expected a readable {MANIFEST} at {str(path)!r}, received {type(exc).__name__}: {exc}") from None
+        raise RayParallelError(
+            f"checkpoint: expected a readable {MANIFEST} at {str(path)!r}, received {type(exc).__name__}: {exc}"
+        ) from None

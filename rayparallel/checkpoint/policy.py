@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 import string
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
 
 from ..errors import SpecError
 from ..spec import CheckpointSpec
@@ -28,7 +28,9 @@ def template_fields(filepath: str) -> list[str]:
     try:
         return [name.split(".")[0].split("[")[0] for _, name, _, _ in string.Formatter().parse(filepath) if name]
     except ValueError as exc:
-        raise SpecError(f"checkpoint.filepath: expected a Python format template, received {filepath!r} ({exc})") from None
+        raise SpecError(
+            f"checkpoint.filepath: expected a Python format template, received {filepath!r} ({exc})"
+        ) from None
 
 
 def check_against_metrics(spec: CheckpointSpec, epoch_keys: Iterable[str], step_keys: Iterable[str]) -> None:
@@ -38,10 +40,14 @@ def check_against_metrics(spec: CheckpointSpec, epoch_keys: Iterable[str], step_
     when = f"every {spec.save_freq} steps" if isinstance(spec.save_freq, int) else "at epoch end"
     for name in template_fields(spec.filepath):
         if name not in allowed:
-            raise SpecError(f"checkpoint.filepath: expected fields among {allowed} (figures {when}), received {{{name}}}")
+            raise SpecError(
+                f"checkpoint.filepath: expected fields among {allowed} (figures {when}), received {{{name}}}"
+            )
     needs_monitor = spec.save_best_only or spec.keep is not None
     if needs_monitor and spec.monitor not in available:
-        raise SpecError(f"checkpoint.monitor: expected one of {sorted(available)} (figures {when}), received {spec.monitor!r}")
+        raise SpecError(
+            f"checkpoint.monitor: expected one of {sorted(available)} (figures {when}), received {spec.monitor!r}"
+        )
 
 
 @dataclass
@@ -53,7 +59,7 @@ class Saved:
     step: int
     metrics: dict
 
-    def score(self, monitor: str) -> Optional[float]:
+    def score(self, monitor: str) -> float | None:
         value = self.metrics.get(monitor)
         return None if value is None or math.isnan(value) else float(value)
 
@@ -62,7 +68,7 @@ class Saved:
 class Policy:
     spec: CheckpointSpec
     saved: list[Saved] = field(default_factory=list)
-    best: Optional[float] = None
+    best: float | None = None
 
     @property
     def mode(self) -> str:
@@ -95,14 +101,16 @@ class Policy:
             return []
         latest = self.saved[-1]
         sign = 1 if self.mode == "min" else -1
-        ranked = sorted((s for s in self.saved if s.score(self.spec.monitor) is not None),
-                        key=lambda s: sign * s.score(self.spec.monitor))
+        ranked = sorted(
+            (s for s in self.saved if s.score(self.spec.monitor) is not None),
+            key=lambda s: sign * s.score(self.spec.monitor),
+        )
         keep = {id(s) for s in ranked[: self.spec.keep]} | {id(latest)}
         dropped = [s for s in self.saved if id(s) not in keep]
         self.saved = [s for s in self.saved if id(s) in keep]
         return dropped
 
-    def best_entry(self) -> Optional[Saved]:
+    def best_entry(self) -> Saved | None:
         sign = 1 if self.mode == "min" else -1
         scored = [s for s in self.saved if s.score(self.spec.monitor) is not None]
         return min(scored, key=lambda s: sign * s.score(self.spec.monitor)) if scored else None

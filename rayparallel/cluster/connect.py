@@ -27,7 +27,9 @@ def connect(worker_logs: bool = False) -> bool:
         try:
             ray.init(address=address, runtime_env=env, log_to_driver=worker_logs)
         except ConnectionError as exc:
-            raise RayParallelError(f"RAY_ADDRESS: expected a running Ray cluster, received {address!r} ({exc})") from None
+            raise RayParallelError(
+                f"RAY_ADDRESS: expected a running Ray cluster, received {address!r} ({exc})"
+            ) from None
         return False
     ray.init(address="local", runtime_env=env, log_to_driver=worker_logs)  # never a stale `ray start` cluster
     return True

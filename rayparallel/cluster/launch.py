@@ -11,11 +11,10 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
-
-import yaml
+from typing import Any
 
 import ray
+import yaml
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.tensorflow import TensorflowTrainer
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -30,8 +29,15 @@ from .progress import ConsoleProgress, format_logs
 from .run_state import RunState, plan_run
 
 
-def launch(spec: JobSpec, output_dir: Path, baselines: dict, search_path: list[str], verbose: bool = True,
-           worker_logs: bool = False, resume: Optional[bool] = None) -> TrainResult:
+def launch(
+    spec: JobSpec,
+    output_dir: Path,
+    baselines: dict,
+    search_path: list[str],
+    verbose: bool = True,
+    worker_logs: bool = False,
+    resume: bool | None = None,
+) -> TrainResult:
     started_at = time.time()
     started_ray = cluster.connect(worker_logs)
     try:
@@ -43,8 +49,15 @@ def launch(spec: JobSpec, output_dir: Path, baselines: dict, search_path: list[s
             ray.shutdown()
 
 
-def _fit(spec: JobSpec, output_dir: Path, baselines: dict, search_path: list[str], verbose: bool,
-         resume: Optional[bool], started_at: float) -> TrainResult:
+def _fit(
+    spec: JobSpec,
+    output_dir: Path,
+    baselines: dict,
+    search_path: list[str],
+    verbose: bool,
+    resume: bool | None,
+    started_at: float,
+) -> TrainResult:
     started = time.perf_counter()
     say = print if verbose else (lambda *_: None)
     storage_path = spec.run.storage_path or str(output_dir / "ray_results")
@@ -60,7 +73,8 @@ def _fit(spec: JobSpec, output_dir: Path, baselines: dict, search_path: list[str
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     actor = CheckpointActor.options(name=f"rayparallel:{state.ray_run_name}", scheduling_strategy=here).remote(
-        spec, str(checkpoint_dir(spec, output_dir)), search_path, _tracking_config(spec, output_dir, state))
+        spec, str(checkpoint_dir(spec, output_dir)), search_path, _tracking_config(spec, output_dir, state)
+    )
     tracking = ray.get(actor.tracking_info.remote(10.0))
     if tracking:
         say(_tracking_line("started", tracking))
@@ -68,7 +82,12 @@ def _fit(spec: JobSpec, output_dir: Path, baselines: dict, search_path: list[str
         state.save(output_dir)
     trainer = TensorflowTrainer(
         train_loop_per_worker,
-        train_loop_config={"spec": spec, "actor": actor, "search_path": search_path, "mlflow_run_id": state.mlflow_run_id},
+        train_loop_config={
+            "spec": spec,
+            "actor": actor,
+            "search_path": search_path,
+            "mlflow_run_id": state.mlflow_run_id,
+        },
         scaling_config=ScalingConfig(
             num_workers=spec.scaling.num_workers,
             use_gpu=spec.scaling.use_gpu,
@@ -83,7 +102,7 @@ def _fit(spec: JobSpec, output_dir: Path, baselines: dict, search_path: list[str
         ),
     )
 
-    def end(status: str, files: list[Path]) -> Optional[dict]:
+    def end(status: str, files: list[Path]) -> dict | None:
         state.status = status
         state.save(output_dir)
         return ray.get(actor.finish.remote(status, [str(f) for f in files]))
@@ -92,16 +111,24 @@ def _fit(spec: JobSpec, output_dir: Path, baselines: dict, search_path: list[str
         error = _run_with_progress(trainer, actor, ConsoleProgress(spec.train.epochs) if verbose else None)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from `ray job stop` (see cli)
         end("KILLED", [job_file])
-        say(f"\nrayparallel: interrupted; MLflow run marked KILLED; continue with: rayparallel train ... --resume "
-            f"--output-dir {output_dir}")
+        say(
+            f"\nrayparallel: interrupted; MLflow run marked KILLED; continue with: rayparallel train ... --resume "
+            f"--output-dir {output_dir}"
+        )
         raise
     if error is not None:
         end("FAILED", [job_file])
         raise _user_error(error, storage_path) or error
 
     summary = ray.get(actor.summary.remote())
-    result = TrainResult(name=spec.name, output_dir=str(output_dir), seconds=time.perf_counter() - started,
-                         baselines=baselines, mlflow=tracking or {}, **summary)
+    result = TrainResult(
+        name=spec.name,
+        output_dir=str(output_dir),
+        seconds=time.perf_counter() - started,
+        baselines=baselines,
+        mlflow=tracking or {},
+        **summary,
+    )
     if result.first_step_at:
         result.time_to_first_step_s = result.first_step_at - started_at
     result_file = result.write()
@@ -113,7 +140,9 @@ def _fit(spec: JobSpec, output_dir: Path, baselines: dict, search_path: list[str
     return result
 
 
-def _run_with_progress(trainer: TensorflowTrainer, actor: Any, progress: Optional[ConsoleProgress]) -> Optional[BaseException]:
+def _run_with_progress(
+    trainer: TensorflowTrainer, actor: Any, progress: ConsoleProgress | None
+) -> BaseException | None:
     """`trainer.fit()` in a thread; this thread prints the actor's events until it ends."""
     outcome: dict = {}
 
@@ -134,7 +163,7 @@ def _run_with_progress(trainer: TensorflowTrainer, actor: Any, progress: Optiona
             return outcome.get("error")
 
 
-def _tracking_config(spec: JobSpec, output_dir: Path, state: RunState) -> Optional[dict]:
+def _tracking_config(spec: JobSpec, output_dir: Path, state: RunState) -> dict | None:
     if not spec.mlflow.enabled:
         return None
     import mlflow
@@ -180,13 +209,17 @@ def _user_error(error: BaseException, storage_path: str) -> RayParallelError | N
 
 def _print_summary(result: TrainResult) -> None:
     final = result.final
-    print(f"\nrayparallel: {result.name} finished in {result.seconds:.1f}s on {len(result.workers)} workers"
-          + (f" (first step after {result.time_to_first_step_s:.1f}s)" if result.time_to_first_step_s else ""))
+    print(
+        f"\nrayparallel: {result.name} finished in {result.seconds:.1f}s on {len(result.workers)} workers"
+        + (f" (first step after {result.time_to_first_step_s:.1f}s)" if result.time_to_first_step_s else "")
+    )
     print(f"  final: {format_logs(final)}")
     for name, figures in result.baselines.items():
         print(f"  baseline {name}: {format_logs(figures)}")
-    print("  placement: " + "; ".join(f"rank {w['rank']} on node {w['node_id'][:8]} gpus {w['gpu_ids'] or '-'}"
-                                      for w in result.workers))
+    print(
+        "  placement: "
+        + "; ".join(f"rank {w['rank']} on node {w['node_id'][:8]} gpus {w['gpu_ids'] or '-'}" for w in result.workers)
+    )
     print(f"  weights: {result.final_weights}")
     if result.checkpoints:
         print(f"  checkpoints: {len(result.checkpoints)} in {result.checkpoint_dir}")
@@ -194,5 +227,7 @@ def _print_summary(result: TrainResult) -> None:
     if result.mlflow:
         print(_tracking_line("finished", result.mlflow))
         if result.mlflow.get("unlogged"):
-            print(f"MLflow: could not log {', '.join(result.mlflow['unlogged'])} to {result.mlflow['tracking_uri']}; "
-                  f"the records are in {result.mlflow['unlogged_path']} and every file is on disk in {result.output_dir}")
+            print(
+                f"MLflow: could not log {', '.join(result.mlflow['unlogged'])} to {result.mlflow['tracking_uri']}; "
+                f"the records are in {result.mlflow['unlogged_path']} and every file is on disk in {result.output_dir}"
+            )

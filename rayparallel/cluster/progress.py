@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Optional, TextIO
+from typing import TextIO
 
 
 def format_logs(logs: dict) -> str:
@@ -11,7 +11,7 @@ def format_logs(logs: dict) -> str:
 
 
 class ConsoleProgress:
-    def __init__(self, epochs: int, stream: Optional[TextIO] = None):
+    def __init__(self, epochs: int, stream: TextIO | None = None):
         self.epochs, self.stream = epochs, stream or sys.stdout
         self._live = self.stream.isatty()
         self._epoch_shown = 0
@@ -27,15 +27,15 @@ class ConsoleProgress:
             self._epoch_shown = event["epoch"]
             self._line(f"Epoch {event['epoch']}/{self.epochs}")
         if event["kind"] == "progress":
-            text = (f"{event['step']}/{event['steps']} - loss: {event['loss']:.4g} "
-                    f"- {event['samples_per_s']:.0f} samples/s")
+            text = (
+                f"{event['step']}/{event['steps']} - loss: {event['loss']:.4g} - {event['samples_per_s']:.0f} samples/s"
+            )
             if self._live:
                 self.stream.write("\r" + text)
                 self.stream.flush()
             return
         logs = event["logs"]
-        text = (f"{event['seconds']:.1f}s - {format_logs(logs)} "
-                f"- {logs['samples_per_s']:.0f} samples/s")
+        text = f"{event['seconds']:.1f}s - {format_logs(logs)} - {logs['samples_per_s']:.0f} samples/s"
         self._line(("\r" if self._live else "") + text)
 
     def _line(self, text: str) -> None:

@@ -11,7 +11,6 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
 
 from ..checkpoint.files import atomic_write_text
 from ..errors import RayParallelError
@@ -24,12 +23,12 @@ class RunState:
     ray_run_name: str
     storage_path: str
     status: str = "RUNNING"  # RUNNING, FINISHED, FAILED, KILLED (MLflow's words)
-    mlflow_run_id: Optional[str] = None
+    mlflow_run_id: str | None = None
 
     def save(self, output_dir: Path) -> None:
         atomic_write_text(output_dir / RUN_FILE, json.dumps(asdict(self), indent=2))
 
-    def resume_point(self) -> Optional[tuple[int, Path]]:
+    def resume_point(self) -> tuple[int, Path] | None:
         """(last completed epoch, its Ray checkpoint folder), or None if nothing was saved."""
         folders = sorted((Path(self.storage_path) / self.ray_run_name).glob("epoch-*/meta.json"))
         if not folders:
@@ -38,7 +37,9 @@ class RunState:
         return int(meta["epoch"]), folders[-1].parent
 
 
-def plan_run(name: str, output_dir: Path, storage_path: str, resume: Optional[bool]) -> tuple[RunState, Optional[tuple[int, Path]]]:
+def plan_run(
+    name: str, output_dir: Path, storage_path: str, resume: bool | None
+) -> tuple[RunState, tuple[int, Path] | None]:
     """The run to start: a new one, or the recorded one when resuming (see module doc)."""
     previous = _read(output_dir)
     point = previous.resume_point() if previous else None
@@ -54,11 +55,13 @@ def plan_run(name: str, output_dir: Path, storage_path: str, resume: Optional[bo
     return fresh, None
 
 
-def _read(output_dir: Path) -> Optional[RunState]:
+def _read(output_dir: Path) -> RunState | None:
     path = output_dir / RUN_FILE
     if not path.is_file():
         return None
     try:
         return RunState(**json.loads(path.read_text()))
     except (ValueError, TypeError) as exc:
-        raise RayParallelError(f"{path}: expected a run.json written by rayparallel, received unreadable content ({exc})") from None
+        raise RayParallelError(
+            f"{path}: expected a run.json written by rayparallel, received unreadable content ({exc})"
+        ) from None

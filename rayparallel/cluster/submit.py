@@ -12,8 +12,8 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional, Sequence
 
 from ..errors import RayParallelError
 from ..spec import load_spec
@@ -23,7 +23,7 @@ ALWAYS_EXCLUDED = ["runs/", "mlruns/", "mlflow.db", ".git/", "__pycache__/", "*.
 EXIT_CODES = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 130}
 
 
-def auth_token_source() -> Optional[str]:
+def auth_token_source() -> str | None:
     """Where Ray's client will read the token from (Ray's order), or None."""
     if os.environ.get("RAY_AUTH_TOKEN"):
         return "RAY_AUTH_TOKEN"
@@ -44,8 +44,14 @@ def runtime_env(job_file: Path, working_dir: Path, pip: Sequence[str]) -> dict:
     return env
 
 
-def submit(job: str, address: str, overrides: Sequence[str] = (), wait: bool = True,
-           working_dir: Optional[str] = None, output_dir: Optional[str] = None) -> int:
+def submit(
+    job: str,
+    address: str,
+    overrides: Sequence[str] = (),
+    wait: bool = True,
+    working_dir: str | None = None,
+    output_dir: str | None = None,
+) -> int:
     """Submit `rayparallel train JOB` to the cluster at `address`; returns an exit code."""
     spec = load_spec(job, overrides)  # bad specs fail here, before anything is uploaded
     folder = Path(working_dir or os.getcwd()).resolve()
@@ -53,16 +59,23 @@ def submit(job: str, address: str, overrides: Sequence[str] = (), wait: bool = T
     try:
         relative = job_path.relative_to(folder)
     except ValueError:
-        raise RayParallelError(f"job file: expected a file inside the working dir {str(folder)!r}, received {job!r}") from None
+        raise RayParallelError(
+            f"job file: expected a file inside the working dir {str(folder)!r}, received {job!r}"
+        ) from None
     client = _client(address)
     arguments = ["rayparallel", "train", str(relative)] + [a for o in overrides for a in ("--set", o)]
     if output_dir:
         arguments += ["--output-dir", output_dir]
     entrypoint = shlex.join(arguments)
-    job_id = client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env(job_path, folder, spec.run.pip),
-                               metadata={"rayparallel.job": spec.name})
+    job_id = client.submit_job(
+        entrypoint=entrypoint,
+        runtime_env=runtime_env(job_path, folder, spec.run.pip),
+        metadata={"rayparallel.job": spec.name},
+    )
     print(f"rayparallel: submitted {spec.name} as Ray job {job_id} to {address}")
-    print(f"  follow: ray job logs --address {address} --follow {job_id}; stop: ray job stop --address {address} {job_id}")
+    print(
+        f"  follow: ray job logs --address {address} --follow {job_id}; stop: ray job stop --address {address} {job_id}"
+    )
     if not wait:
         return 0
     return _follow(client, job_id)
@@ -85,7 +98,9 @@ def _client(address: str):
         ) from None
     except (ConnectionError, RuntimeError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RayParallelError(f"--address: expected a Ray dashboard (http://HEAD:8265), received no answer at {address!r} ({first[:200]})") from None
+        raise RayParallelError(
+            f"--address: expected a Ray dashboard (http://HEAD:8265), received no answer at {address!r} ({first[:200]})"
+        ) from None
 
 
 def _follow(client, job_id: str) -> int:

@@ -3,4 +3,15 @@
 from .parse import apply_overrides, load_spec
 from .schema import CheckpointSpec, DataSpec, JobSpec, MlflowSpec, ModelSpec, RunSpec, ScalingSpec, TrainSpec
 
-__all__ = ["CheckpointSpec", "MlflowSpec", "load_spec", "apply_overrides", "JobSpec", "ModelSpec", "DataSpec", "TrainSpec", "ScalingSpec", "RunSpec"]
+__all__ = [
+    "CheckpointSpec",
+    "MlflowSpec",
+    "load_spec",
+    "apply_overrides",
+    "JobSpec",
+    "ModelSpec",
+    "DataSpec",
+    "TrainSpec",
+    "ScalingSpec",
+    "RunSpec",
+]

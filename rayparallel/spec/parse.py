@@ -11,8 +11,9 @@ import difflib
 import os
 import types
 import typing
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable, Literal, Union
+from typing import Any, Literal, Union
 
 import yaml
 
@@ -32,7 +33,7 @@ _POSITIVE = {
 _NON_NEGATIVE = {"train.progress_every_n_steps", "failure.max_failures"}
 
 
-def load_spec(source: Union[str, os.PathLike, dict, JobSpec], overrides: Iterable[str] = ()) -> JobSpec:
+def load_spec(source: str | os.PathLike | dict | JobSpec, overrides: Iterable[str] = ()) -> JobSpec:
     """Read a job from a YAML path (or a dict), apply `key.path=value` overrides, validate.
 
     >>> spec = load_spec("jobs/stateful_lstm.yaml", overrides=["train.epochs=2"])  # doctest: +SKIP
@@ -100,9 +101,7 @@ def _build(cls: type, raw: Any, path: str) -> Any:
         if key not in fields:
             close = difflib.get_close_matches(str(key), fields, n=1)
             hint = f"; did you mean {_join(path, close[0])!r}?" if close else ""
-            raise SpecError(
-                f"{_join(path, key)}: unknown key; expected one of {sorted(fields)}{hint}"
-            )
+            raise SpecError(f"{_join(path, key)}: unknown key; expected one of {sorted(fields)}{hint}")
     values = {}
     for name, f in fields.items():
         key_path = _join(path, name)
@@ -179,11 +178,17 @@ def _check_values(spec: JobSpec) -> None:
 def _check_checkpoint(spec: JobSpec) -> None:
     ckpt = spec.checkpoint
     if not ckpt.filepath.endswith(".weights.h5"):
-        raise SpecError(f"checkpoint.filepath: expected a name ending in '.weights.h5' (Keras weights), received {ckpt.filepath!r}")
+        raise SpecError(
+            f"checkpoint.filepath: expected a name ending in '.weights.h5' (Keras weights), received {ckpt.filepath!r}"
+        )
     if "/" in ckpt.filepath or "\\" in ckpt.filepath:
-        raise SpecError(f"checkpoint.filepath: expected a file name (set checkpoint.dir for the folder), received {ckpt.filepath!r}")
+        raise SpecError(
+            f"checkpoint.filepath: expected a file name (set checkpoint.dir for the folder), received {ckpt.filepath!r}"
+        )
     if isinstance(ckpt.save_freq, int) and ckpt.save_freq <= 0:
-        raise SpecError(f"checkpoint.save_freq: expected 'epoch' or a positive number of steps, received {ckpt.save_freq!r}")
+        raise SpecError(
+            f"checkpoint.save_freq: expected 'epoch' or a positive number of steps, received {ckpt.save_freq!r}"
+        )
     if ckpt.keep is not None and ckpt.keep <= 0:
         raise SpecError(f"checkpoint.keep: expected a positive number of files or null, received {ckpt.keep!r}")
 
@@ -193,8 +198,15 @@ def _join(path: str, key: Any) -> str:
 
 
 def _type_name(hint: Any) -> str:
-    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
-             dict: "a mapping", list: "a list", type(None): "null"}
+    names = {
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        bool: "true or false",
+        dict: "a mapping",
+        list: "a list",
+        type(None): "null",
+    }
     if typing.get_origin(hint) in (Union, types.UnionType):
         return " or ".join(_type_name(h) for h in typing.get_args(hint))
     if typing.get_origin(hint) is Literal:

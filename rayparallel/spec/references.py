@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from ..errors import SpecError
 

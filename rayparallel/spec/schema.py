@@ -7,9 +7,9 @@ Field names follow the words users already know: Keras' `compile`/`fit` argument
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
-Identifier = Union[str, dict]  # a Keras identifier: "adam" or {"class_name": ..., "config": ...}
+Identifier = str | dict  # a Keras identifier: "adam" or {"class_name": ..., "config": ...}
 
 
 @dataclass
@@ -47,12 +47,12 @@ class TrainSpec:
     seed: int = 0
     progress_every_n_steps: int = 0  # 0: about ten progress updates per epoch, at least 2 s apart
     on_nan: Literal["stop", "ignore"] = "stop"  # a non-finite loss stops the run, naming epoch and step
-    jit_compile: Union[bool, Literal["auto"]] = "auto"  # XLA for forward+backward; auto: on GPU workers only
+    jit_compile: bool | Literal["auto"] = "auto"  # XLA for forward+backward; auto: on GPU workers only
     dtype_policy: Literal["float32", "mixed_float16", "mixed_bfloat16"] = "float32"  # Keras mixed precision
     initial_loss_scale: float = 32768.0  # mixed_float16 only: dynamic loss scaling starts here (Keras' default)
 
     @property
-    def loss_scale(self) -> Optional[float]:
+    def loss_scale(self) -> float | None:
         """The initial dynamic loss scale when the policy needs one (float16 math), else None."""
         return self.initial_loss_scale if self.dtype_policy == "mixed_float16" else None
 
@@ -71,7 +71,7 @@ class ScalingSpec:
 class RunSpec:
     """Ray's `RunConfig` words; `storage_path` defaults to `<output dir>/ray_results`."""
 
-    storage_path: Union[str, None] = None
+    storage_path: str | None = None
     collective_timeout_s: float = 600.0
     checkpoints_to_keep: int = 2  # Ray's CheckpointConfig(num_to_keep) for resume state
     pip: list = field(default_factory=list)  # extra requirements for `rayparallel submit`
@@ -87,13 +87,13 @@ class CheckpointSpec:
     number of steps.
     """
 
-    dir: Union[str, None] = None  # default <output dir>/checkpoints
+    dir: str | None = None  # default <output dir>/checkpoints
     filepath: str = "epoch-{epoch:03d}.weights.h5"
     monitor: str = "val_loss"
     mode: Literal["auto", "min", "max"] = "auto"
     save_best_only: bool = False
-    save_freq: Union[Literal["epoch"], int] = "epoch"
-    keep: Union[int, None] = None
+    save_freq: Literal["epoch"] | int = "epoch"
+    keep: int | None = None
     enabled: bool = True
 
 
@@ -104,11 +104,11 @@ class MlflowSpec:
     `experiment` defaults to the job name and `run_name` to the Ray run name."""
 
     enabled: bool = True
-    tracking_uri: Union[str, None] = None
-    experiment: Union[str, None] = None
-    run_name: Union[str, None] = None
+    tracking_uri: str | None = None
+    experiment: str | None = None
+    run_name: str | None = None
     tags: dict = field(default_factory=dict)
-    register_model: Union[str, None] = None
+    register_model: str | None = None
     model_batch_size: int = 1  # the logged model is rebuilt with this batch (1: streaming)
     log_step_loss: bool = False  # also log the running train loss at each progress update
     flush_timeout_s: float = 60.0  # at the end, how long to keep retrying an unreachable server

@@ -14,15 +14,16 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 # Fail fast inside MLflow's HTTP client; retries are ours, without blocking training.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 
 
-def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> Optional[str]:
+def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
     """The MLflow UI address of a run, for http(s) tracking servers (as MLflow prints it)."""
     if tracking_uri.startswith(("http://", "https://")):
         return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
@@ -30,18 +31,26 @@ def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> Optional[str]
 
 
 class MlflowRun:
-    def __init__(self, tracking_uri: str, experiment: str, run_name: str, unlogged_path: Path,
-                 notify: Callable[[str], None], tags: Optional[dict] = None, resume_run_id: Optional[str] = None):
+    def __init__(
+        self,
+        tracking_uri: str,
+        experiment: str,
+        run_name: str,
+        unlogged_path: Path,
+        notify: Callable[[str], None],
+        tags: dict | None = None,
+        resume_run_id: str | None = None,
+    ):
         self.tracking_uri, self.experiment, self.run_name = tracking_uri, experiment, run_name
-        self.run_id: Optional[str] = resume_run_id
+        self.run_id: str | None = resume_run_id
         self.unlogged_path = unlogged_path
-        self.experiment_id: Optional[str] = None
+        self.experiment_id: str | None = None
         self._notify = notify
         self._queue: deque = deque()
         self._cond = threading.Condition()
         self._started = threading.Event()
         self._closing = False
-        self._failing_since: Optional[float] = None
+        self._failing_since: float | None = None
         self._logged_steps: dict[str, int] = {}
         self._thread = threading.Thread(target=self._deliver, name="rayparallel-mlflow", daemon=True)
         self._queue.append(("start", {}))
@@ -60,16 +69,16 @@ class MlflowRun:
         values = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
         self._put("metrics", {"metrics": values, "step": step, "timestamp": int(time.time() * 1000)})
 
-    def log_artifact(self, path: str, artifact_path: Optional[str] = None) -> None:
+    def log_artifact(self, path: str, artifact_path: str | None = None) -> None:
         self._put("artifact", {"path": path, "artifact_path": artifact_path})
 
-    def log_model(self, build: Callable[[], Any], registered_model_name: Optional[str]) -> None:
+    def log_model(self, build: Callable[[], Any], registered_model_name: str | None) -> None:
         self._put("model", {"build": build, "registered_model_name": registered_model_name})
 
     def wait_started(self, timeout: float) -> bool:
         return self._started.wait(timeout)
 
-    def url(self) -> Optional[str]:
+    def url(self) -> str | None:
         if self.run_id and self.experiment_id:
             return run_url(self.tracking_uri, self.experiment_id, self.run_id)
         return None
@@ -108,9 +117,11 @@ class MlflowRun:
             except Exception as exc:  # the server is down or refused: keep it queued, retry later
                 if self._failing_since is None:
                     self._failing_since = time.monotonic()
-                    self._notify(f"MLflow: cannot log to {self.tracking_uri} ({type(exc).__name__}: "
-                                 f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); training goes on, "
-                                 "metrics are kept and retried")
+                    self._notify(
+                        f"MLflow: cannot log to {self.tracking_uri} ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); training goes on, "
+                        "metrics are kept and retried"
+                    )
                 with self._cond:
                     self._cond.wait(timeout=backoff)
                 backoff = min(backoff * 2, 10.0)
@@ -135,11 +146,14 @@ class MlflowRun:
                 run = client.get_run(self.run_id)
                 client.update_run(self.run_id, status="RUNNING")
                 self.experiment_id = run.info.experiment_id
-                self._logged_steps = {key: max(m.step for m in client.get_metric_history(self.run_id, key))
-                                      for key in run.data.metrics}
+                self._logged_steps = {
+                    key: max(m.step for m in client.get_metric_history(self.run_id, key)) for key in run.data.metrics
+                }
             else:
                 experiment = client.get_experiment_by_name(self.experiment)
-                self.experiment_id = experiment.experiment_id if experiment else client.create_experiment(self.experiment)
+                self.experiment_id = (
+                    experiment.experiment_id if experiment else client.create_experiment(self.experiment)
+                )
                 self.run_id = client.create_run(self.experiment_id, run_name=self.run_name).info.run_id
             self._started.set()
         elif kind == "params":
@@ -147,35 +161,44 @@ class MlflowRun:
             existing = client.get_run(self.run_id).data.params
             params = [p for p in params if p.key not in existing]  # a resumed run keeps its params
             for i in range(0, len(params), 100):
-                client.log_batch(self.run_id, params=params[i:i + 100])
+                client.log_batch(self.run_id, params=params[i : i + 100])
         elif kind == "tags":
             client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in payload["tags"].items()])
         elif kind == "metrics":
             step = payload["step"]
-            metrics = [Metric(k, v, payload["timestamp"], step) for k, v in payload["metrics"].items()
-                       if step > self._logged_steps.get(k, -1)]
+            metrics = [
+                Metric(k, v, payload["timestamp"], step)
+                for k, v in payload["metrics"].items()
+                if step > self._logged_steps.get(k, -1)
+            ]
             if metrics:
                 client.log_batch(self.run_id, metrics=metrics)
         elif kind == "artifact":
             client.log_artifact(self.run_id, payload["path"], payload["artifact_path"])
         elif kind == "model":
-            import mlflow.keras
-
             import keras
+            import mlflow.keras
             import tensorflow as tf
 
             mlflow.set_tracking_uri(self.tracking_uri)
             model = payload["build"]()
             requirements = [f"tensorflow=={tf.__version__}", f"keras=={keras.__version__}"]  # no slow inference
             with mlflow.start_run(run_id=self.run_id, log_system_metrics=False):
-                mlflow.keras.log_model(model, name="model", registered_model_name=payload["registered_model_name"],
-                                       pip_requirements=requirements)
+                mlflow.keras.log_model(
+                    model,
+                    name="model",
+                    registered_model_name=payload["registered_model_name"],
+                    pip_requirements=requirements,
+                )
         elif kind == "end":
             client.set_terminated(self.run_id, status=payload["status"])
 
     def _save_unlogged(self, left: list) -> list[str]:
         records = [{"kind": kind, **{k: v for k, v in payload.items() if k != "build"}} for kind, payload in left]
         self.unlogged_path.parent.mkdir(parents=True, exist_ok=True)
-        self.unlogged_path.write_text(json.dumps({"tracking_uri": self.tracking_uri, "run_id": self.run_id,
-                                                   "records": records}, indent=2, default=str))
+        self.unlogged_path.write_text(
+            json.dumps(
+                {"tracking_uri": self.tracking_uri, "run_id": self.run_id, "records": records}, indent=2, default=str
+            )
+        )
         return sorted({kind for kind, _ in left})

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..spec import JobSpec
 
@@ -29,14 +30,16 @@ def run_params(spec: JobSpec) -> dict[str, str]:
     from .. import __version__
 
     params = flatten(spec.to_dict())
-    params.update({
-        "num_workers": str(spec.scaling.num_workers),
-        "per_worker_batch_size": str(spec.per_worker_batch_size),
-        "version.ray": ray.__version__,
-        "version.tensorflow": tf.__version__,
-        "version.keras": keras.__version__,
-        "version.rayparallel": __version__,
-    })
+    params.update(
+        {
+            "num_workers": str(spec.scaling.num_workers),
+            "per_worker_batch_size": str(spec.per_worker_batch_size),
+            "version.ray": ray.__version__,
+            "version.tensorflow": tf.__version__,
+            "version.keras": keras.__version__,
+            "version.rayparallel": __version__,
+        }
+    )
     return params
 
 

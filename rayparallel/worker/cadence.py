@@ -11,13 +11,12 @@ throughput; `progress_every_n_steps: N` pauses every N steps exactly.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 
 class ProgressCadence:
     def __init__(self, steps_per_epoch: int, every_n_steps: int = 0, min_seconds: float = 2.0):
         self.steps_per_epoch, self.every_n_steps, self.min_seconds = steps_per_epoch, every_n_steps, min_seconds
-        self.seconds_per_step: Optional[float] = None  # rank 0's, as of the last pause (same on every rank)
+        self.seconds_per_step: float | None = None  # rank 0's, as of the last pause (same on every rank)
         self._last = self._next = 0
 
     def start_epoch(self) -> None:

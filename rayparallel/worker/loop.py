@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Optional
+from typing import Any
 
 from ..checkpoint.client import CheckpointClient
 from ..checkpoint.policy import Policy
@@ -31,7 +31,7 @@ def train_loop_per_worker(config: dict) -> None:
 
 
 class WorkerRun:
-    def __init__(self, spec: JobSpec, actor: Any, mlflow_run_id: Optional[str] = None):
+    def __init__(self, spec: JobSpec, actor: Any, mlflow_run_id: str | None = None):
         import ray
         import ray.train
 
@@ -50,10 +50,19 @@ class WorkerRun:
             self.model = replica.build_replica(spec.model, self.per_worker, spec.train.dtype_policy)
             self.optimizer = replica.make_optimizer(spec.train.optimizer)
             self.optimizer.build(self.model.trainable_variables)  # not lazily inside the compiled step
-        metrics = replica.make_metrics(spec.train.metrics, spec.train.loss, self.data.train.y,
-                                       tuple(self.model.outputs[0].shape))
-        self.steps = Steps(self.strategy, self.model, self.optimizer, replica.per_sample_loss(spec.train.loss),
-                           metrics, self.batch, replica.use_jit(spec.train.jit_compile, self.model), spec.train.loss_scale)
+        metrics = replica.make_metrics(
+            spec.train.metrics, spec.train.loss, self.data.train.y, tuple(self.model.outputs[0].shape)
+        )
+        self.steps = Steps(
+            self.strategy,
+            self.model,
+            self.optimizer,
+            replica.per_sample_loss(spec.train.loss),
+            metrics,
+            self.batch,
+            replica.use_jit(spec.train.jit_compile, self.model),
+            spec.train.loss_scale,
+        )
         self.figures = EpochFigures(self.steps, Reducer(self.strategy), self.rank, self.world)
         self.stateful = replica.stateful_layers(self.model)
         self.steps_per_epoch = shards.steps_per_epoch(self.data.train.rows, self.batch)
@@ -67,14 +76,16 @@ class WorkerRun:
         if meta and self.rank == 0:
             ray.get(actor.restore_history.remote(self.history))
         self.policy.best = ray.get(actor.best_value.remote())
-        actor.register_worker.remote({
-            "rank": self.rank,
-            "node_id": ray.get_runtime_context().get_node_id(),
-            "batch_shape": replica.batch_shapes(self.model),
-            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-            "pid": os.getpid(),
-            "resumed_from_epoch": self.start_epoch,
-        })
+        actor.register_worker.remote(
+            {
+                "rank": self.rank,
+                "node_id": ray.get_runtime_context().get_node_id(),
+                "batch_shape": replica.batch_shapes(self.model),
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+                "pid": os.getpid(),
+                "resumed_from_epoch": self.start_epoch,
+            }
+        )
 
     def fit(self) -> None:
         try:
@@ -109,14 +120,21 @@ class WorkerRun:
             if self.rank == 0:
                 meta = {"epoch": epoch, "history": self.history, "mlflow_run_id": self.mlflow_run_id}
                 checkpoint = resume.to_checkpoint(weights, optimizer_values, meta)
-            ray.train.report(dict(logs, epoch=epoch), checkpoint=checkpoint, checkpoint_dir_name=f"epoch-{epoch:04d}",
-                             delete_local_checkpoint_after_upload=checkpoint is not None)
+            ray.train.report(
+                dict(logs, epoch=epoch),
+                checkpoint=checkpoint,
+                checkpoint_dir_name=f"epoch-{epoch:04d}",
+                delete_local_checkpoint_after_upload=checkpoint is not None,
+            )
 
         weights = self.model.get_weights()  # every rank reads, see resume.snapshot
         if self.rank == 0:
             self.client.flush()
-            ray.get(self.actor.save_final_weights.remote(weights, self.spec.train.epochs,
-                                                         self.spec.train.epochs * self.steps_per_epoch, logs))
+            ray.get(
+                self.actor.save_final_weights.remote(
+                    weights, self.spec.train.epochs, self.spec.train.epochs * self.steps_per_epoch, logs
+                )
+            )
 
     def train_epoch(self, epoch: int) -> dict:
         spec, steps_per_epoch = self.spec, self.steps_per_epoch

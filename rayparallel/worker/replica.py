@@ -8,7 +8,8 @@ names, so history keys match what Keras users see from `fit`.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Union
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from ..errors import ModelError, SpecError, describe
 from ..spec import ModelSpec
@@ -47,7 +48,7 @@ def _dtype_policy(name: str) -> Iterator[None]:
         keras.config.set_dtype_policy(previous)
 
 
-def use_jit(setting: Union[bool, str], model: Any) -> bool:
+def use_jit(setting: bool | str, model: Any) -> bool:
     """`train.jit_compile`: "auto" is Keras' own rule: XLA on GPU workers when every layer supports it
     (on CPUs XLA made this machine's VGG step 35% slower)."""
     import tensorflow as tf
@@ -78,7 +79,9 @@ def make_optimizer(identifier: Any) -> Any:
     try:
         return keras.optimizers.get(identifier)
     except (ValueError, TypeError) as exc:
-        raise SpecError(f"train.optimizer: expected a Keras optimizer name or {{class_name, config}}, received {identifier!r} ({exc})") from None
+        raise SpecError(
+            f"train.optimizer: expected a Keras optimizer name or {{class_name, config}}, received {identifier!r} ({exc})"
+        ) from None
 
 
 def per_sample_loss(identifier: Any) -> Callable:
@@ -89,7 +92,9 @@ def per_sample_loss(identifier: Any) -> Callable:
     try:
         loss = keras.losses.get(identifier)
     except (ValueError, TypeError) as exc:
-        raise SpecError(f"train.loss: expected a Keras loss name or {{class_name, config}}, received {identifier!r} ({exc})") from None
+        raise SpecError(
+            f"train.loss: expected a Keras loss name or {{class_name, config}}, received {identifier!r} ({exc})"
+        ) from None
     if loss is None:
         raise SpecError(f"train.loss: expected a Keras loss name or {{class_name, config}}, received {identifier!r}")
     elementwise = loss.call if isinstance(loss, keras.losses.Loss) else loss
@@ -118,7 +123,9 @@ def make_metrics(identifiers: list, loss: Any, y_example: Any, output_shape: tup
         try:
             metric = keras.metrics.get(identifier)
         except (ValueError, TypeError) as exc:
-            raise SpecError(f"train.metrics: expected Keras metric names or {{class_name, config}}, received {identifier!r} ({exc})") from None
+            raise SpecError(
+                f"train.metrics: expected Keras metric names or {{class_name, config}}, received {identifier!r} ({exc})"
+            ) from None
         if not isinstance(metric, keras.metrics.Metric):
             metric = keras.metrics.MeanMetricWrapper(metric, name=getattr(metric, "__name__", str(identifier)))
         if isinstance(identifier, str) and metric.name != identifier:

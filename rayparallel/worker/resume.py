@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -43,7 +43,7 @@ def to_checkpoint(weights: list, optimizer_values: list, meta: dict) -> Any:
     return ray.train.Checkpoint.from_directory(str(folder))
 
 
-def restore(checkpoint: Any, strategy: Any, model: Any, optimizer: Any) -> Optional[dict]:
+def restore(checkpoint: Any, strategy: Any, model: Any, optimizer: Any) -> dict | None:
     """Load resume state into the replica and optimizer; returns its meta, or None."""
     if checkpoint is None:
         return None
@@ -54,6 +54,6 @@ def restore(checkpoint: Any, strategy: Any, model: Any, optimizer: Any) -> Optio
             optimizer_values = [arrays[f"o{i}"] for i in range(meta["optimizer"])]
     with strategy.scope():
         model.set_weights(weights)
-        for variable, value in zip(optimizer.variables, optimizer_values):
+        for variable, value in zip(optimizer.variables, optimizer_values, strict=True):
             variable.assign(value)
     return meta

@@ -10,8 +10,9 @@ worker. Only full batches are used, so every worker runs the same number of step
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +36,7 @@ class Split:
 @dataclass
 class Data:
     train: Split
-    val: Optional[Split]
+    val: Split | None
     baselines: dict
 
 
@@ -62,7 +63,9 @@ def _split(x: Any, y: Any, name: str, global_batch_size: int, check_finite: bool
     x = _as_arrays(x, f"x_{name}")
     y = _as_arrays(y, f"y_{name}")
     if not isinstance(y, np.ndarray):
-        raise DataError(f"data.loader: expected y_{name} to be one array (single-output models), received {type(y).__name__}")
+        raise DataError(
+            f"data.loader: expected y_{name} to be one array (single-output models), received {type(y).__name__}"
+        )
     lengths = {f"x_{name}{key}": len(a) for key, a in _leaves(x)}
     lengths[f"y_{name}"] = len(y)
     if len(set(lengths.values())) > 1:

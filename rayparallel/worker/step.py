@@ -12,7 +12,8 @@ for `mixed_float16`, decided on global figures so every worker skips the same st
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -22,8 +23,17 @@ from .sync import Reducer
 class Steps:
     """Compiled train/eval steps for one replica; `loss_total` holds this worker's share."""
 
-    def __init__(self, strategy: Any, model: Any, optimizer: Any, loss_rows: Callable, metrics: list,
-                 global_batch_size: int, jit_compile: bool = False, initial_loss_scale: Optional[float] = None):
+    def __init__(
+        self,
+        strategy: Any,
+        model: Any,
+        optimizer: Any,
+        loss_rows: Callable,
+        metrics: list,
+        global_batch_size: int,
+        jit_compile: bool = False,
+        initial_loss_scale: float | None = None,
+    ):
         import tensorflow as tf
 
         self.model, self.metrics = model, metrics
@@ -51,7 +61,7 @@ class Steps:
             if self.loss_scale is not None:
                 self.loss_scale.apply(optimizer, grads, model.trainable_variables)
             else:
-                optimizer.apply_gradients(zip(grads, model.trainable_variables))
+                optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
             self._record(loss, y, y_pred)
             self.steps_run.assign_add(1)
             first = tf.logical_and(tf.logical_not(tf.math.is_finite(loss)), tf.equal(self.first_nonfinite, 0))
@@ -98,7 +108,9 @@ class LossScale:
         import tensorflow as tf
 
         grads = [g / tf.cast(self.value, g.dtype) for g in scaled_grads]
-        local_bad = tf.cast(tf.logical_not(tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])), tf.float32)
+        local_bad = tf.cast(
+            tf.logical_not(tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])), tf.float32
+        )
         bad = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, local_bad)
 
         def skip():
@@ -106,7 +118,7 @@ class LossScale:
             self.good_steps.assign(0)
 
         def update(grads):
-            optimizer.apply_gradients(zip(grads, variables))
+            optimizer.apply_gradients(zip(grads, variables, strict=True))
             grow = self.good_steps + 1 >= self.growth_steps
             self.value.assign(tf.where(grow, self.value * 2.0, self.value))
             self.good_steps.assign(tf.where(grow, tf.constant(0, tf.int64), self.good_steps + 1))
@@ -146,7 +158,7 @@ class EpochFigures:
         """Mean loss per step and every metric, over the whole global batch of every step."""
         variables = [v for m in self._steps.metrics for v in m.variables]
         total, summed = self._reduce([v.numpy() for v in variables])
-        for variable, value in zip(variables, summed):
+        for variable, value in zip(variables, summed, strict=True):
             variable.assign(np.asarray(value).astype(variable.dtype))
         figures = {prefix + "loss": total / max(steps_done, 1)}
         for metric in self._steps.metrics:
@@ -158,7 +170,8 @@ class EpochFigures:
         slots[self._rank] = self._steps.first_nonfinite.numpy()
         own_seconds = seconds if self._rank == 0 else 0.0
         total, slots, rank0_seconds, *summed = self._reducer.sum(
-            [self._steps.loss_total.numpy(), slots, own_seconds] + arrays)
+            [self._steps.loss_total.numpy(), slots, own_seconds] + arrays
+        )
         bad = [int(s) for s in slots if s > 0]
         self.nonfinite_step = min(bad) if bad else 0
         self.rank0_seconds = float(rank0_seconds)

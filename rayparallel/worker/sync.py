@@ -30,9 +30,7 @@ def make_strategy(use_gpu: bool, timeout_s: float) -> Any:
         if use_gpu and tf.config.list_physical_devices("GPU")
         else tf.distribute.experimental.CommunicationImplementation.RING
     )
-    options = tf.distribute.experimental.CommunicationOptions(
-        implementation=implementation, timeout_seconds=timeout_s
-    )
+    options = tf.distribute.experimental.CommunicationOptions(implementation=implementation, timeout_seconds=timeout_s)
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
 
 

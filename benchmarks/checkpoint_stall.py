@@ -1,4 +1,4 @@
-"""How long rank 0 is blocked per checkpoint: the checkpoint actor against a synchronous save.
+"""How long rank 0 is blocked per checkpoint: the recorder actor against a synchronous save.
 
 Run: python -m benchmarks.checkpoint_stall [--repeats 5]
 
@@ -24,8 +24,9 @@ def measure(repeats: int = 5, full_save: bool = False) -> dict:
     import ray
 
     from benchmarks.models import dense_50m
-    from rayparallel.checkpoint.actor import CheckpointActor
     from rayparallel.checkpoint.client import CheckpointClient
+    from rayparallel.checkpoint.policy import Saved
+    from rayparallel.recorder.actor import RecorderActor
     from rayparallel.spec import load_spec
     from rayparallel.worker.resume import snapshot
 
@@ -43,9 +44,9 @@ def measure(repeats: int = 5, full_save: bool = False) -> dict:
     started_ray = not ray.is_initialized()
     if started_ray:
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    actor = CheckpointActor.remote(spec, str(folder / "actor"), [os.getcwd()])
+    actor = RecorderActor.remote(spec, str(folder / "actor"), [os.getcwd()])
     client = CheckpointClient(actor)
-    client.save(model.get_weights(), 0, 0, 0, {})  # warm-up: the actor builds its model once
+    client.save(model.get_weights(), Saved("warm-up.weights.h5", 0, 0, {}))  # warm-up: the actor builds its model once
     client.flush()
 
     sync, actor_blocked, actor_write, full = [], [], [], []
@@ -55,7 +56,7 @@ def measure(repeats: int = 5, full_save: bool = False) -> dict:
         sync.append(time.perf_counter() - t)
 
         t = time.perf_counter()
-        client.save(snapshot(model.weights), i, i, 0, {})
+        client.save(snapshot(model.weights), Saved(f"epoch-{i:03d}.weights.h5", i, i, {}))
         actor_blocked.append(time.perf_counter() - t)
         client.flush()
         actor_write.append(time.perf_counter() - t)

@@ -9,8 +9,8 @@ from .checkpoint.export import export, load_model
 from .errors import RayParallelError
 from .result import TrainResult
 from .spec import JobSpec, load_spec
+from .version import __version__
 
-__version__ = "0.1.0"
 __all__ = [
     "train",
     "validate",

@@ -5,10 +5,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .result import TrainResult
 from .spec import JobSpec, load_spec
 from .spec.references import add_search_path
+
+if TYPE_CHECKING:
+    from .worker.preflight import Preflight
 
 SpecSource = str | os.PathLike | dict | JobSpec
 
@@ -20,11 +24,7 @@ def validate(spec: SpecSource, overrides: Iterable[str] = ()) -> JobSpec:
     >>> rayparallel.validate("jobs/stateful_lstm.yaml").per_worker_batch_size  # doctest: +SKIP
     4
     """
-    from .worker.preflight import preflight
-
-    job = load_spec(spec, overrides)
-    add_search_path([os.getcwd()])
-    preflight(job)
+    job, _ = _checked(spec, overrides)
     return job
 
 
@@ -41,20 +41,29 @@ def train(
     Joins the Ray cluster this process is connected to (or `RAY_ADDRESS`), else starts a
     local Ray for the run and stops it afterwards. `resume=True` continues the run recorded
     in `output_dir` from its last completed epoch, `False` starts fresh, `None` (default)
-    resumes only a run that did not finish.
+    resumes only a run that did not finish. `worker_logs=True` shows the workers' own
+    output (TensorFlow, Ray Train), which is otherwise held back.
 
     >>> import rayparallel
     >>> result = rayparallel.train("jobs/stateful_lstm.yaml", overrides=["train.epochs=2"])  # doctest: +SKIP
     >>> result.history[-1]["val_loss"]  # doctest: +SKIP
     """
-    from .checkpoint.files import ensure_writable
-    from .cluster.launch import checkpoint_dir, launch
+    job, checks = _checked(spec, overrides, native_logs=worker_logs)  # first: it imports TensorFlow quietly
+
+    from .cluster.launch import Launch, checkpoint_dir, launch
+    from .files import ensure_writable
+
+    out = (Path(output_dir) if output_dir is not None else Path("runs") / job.name).resolve()
+    ensure_writable(out, "--output-dir")
+    ensure_writable(checkpoint_dir(job, out), "checkpoint.dir")
+    run = Launch(out, [os.getcwd()], checks.baselines, verbose=verbose, worker_logs=worker_logs, resume=resume)
+    return launch(job, run)
+
+
+def _checked(spec: SpecSource, overrides: Iterable[str], native_logs: bool = False) -> tuple[JobSpec, Preflight]:
+    """The spec, then the workers' own checks run here first (imports from the working directory)."""
     from .worker.preflight import preflight
 
     job = load_spec(spec, overrides)
-    search_path = [os.getcwd()]
-    add_search_path(search_path)
-    checks = preflight(job)
-    out = (Path(output_dir) if output_dir is not None else Path("runs") / job.name).resolve()
-    ensure_writable(checkpoint_dir(job, out))
-    return launch(job, out, checks.baselines, search_path, verbose=verbose, worker_logs=worker_logs, resume=resume)
+    add_search_path([os.getcwd()])
+    return job, preflight(job, native_logs=native_logs)

@@ -100,9 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .api import train
 
             signal.signal(signal.SIGTERM, _interrupt)  # `ray job stop` ends the run like Ctrl-C
-            train(
-                args.job, args.overrides, output_dir=args.output_dir, worker_logs=args.worker_logs, resume=args.resume
-            )
+            shown = args.worker_logs or args.debug  # --debug also shows TensorFlow's and the workers' output
+            train(args.job, args.overrides, output_dir=args.output_dir, worker_logs=shown, resume=args.resume)
     except KeyboardInterrupt:
         return 130
     except RayParallelError as exc:

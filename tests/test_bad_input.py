@@ -7,7 +7,7 @@ import pytest
 import rayparallel
 from rayparallel.errors import RayParallelError
 
-from .conftest import cli
+from .helpers import cli
 
 LSTM = {
     "name": "bad",
@@ -109,3 +109,12 @@ def test_cli_spec_error_needs_no_tensorflow(tmp_path):
         "rayparallel: error: train.global_batch_size: expected a multiple of "
         "scaling.num_workers=3 (each worker gets an equal slice), received 8"
     )
+
+
+def test_output_dir_naming_an_existing_file_is_one_line_and_keeps_the_file(tmp_path):
+    blocker = tmp_path / "out"
+    blocker.write_text("keep me")
+    with pytest.raises(RayParallelError) as info:
+        rayparallel.train(CNN, output_dir=blocker, verbose=False)
+    assert str(info.value) == f"--output-dir: expected a folder, received '{blocker}' (an existing file)"
+    assert blocker.read_text() == "keep me"

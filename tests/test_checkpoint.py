@@ -12,7 +12,7 @@ import rayparallel
 from rayparallel.errors import RayParallelError
 from tests.models import lstm_job
 
-from .conftest import cli
+from .helpers import cli
 
 LSTM = lstm_job(
     "ckpt-lstm",
@@ -106,15 +106,20 @@ def test_export_errors_are_one_line(trained, tmp_path):
 def test_slow_writes_do_not_hold_the_step_loop(ray_address, tmp_path):
     import ray
 
-    from rayparallel.checkpoint.actor import CheckpointWriter
     from rayparallel.checkpoint.client import CheckpointClient
+    from rayparallel.checkpoint.policy import Saved
+    from rayparallel.checkpoint.writer import CheckpointWriter
+    from rayparallel.recorder.actor import RunRecorder
     from rayparallel.spec import load_spec
     from tests.models import small_cnn
 
     class SlowWriter(CheckpointWriter):  # a disk that takes 2 s per file
-        def _write(self, weights, path):
+        def write(self, weights, path):
             time.sleep(2.0)
-            super()._write(weights, path)
+            super().write(weights, path)
+
+    class SlowRecorder(RunRecorder):
+        writer_class = SlowWriter
 
     spec = load_spec(
         {
@@ -124,12 +129,12 @@ def test_slow_writes_do_not_hold_the_step_loop(ray_address, tmp_path):
             "train": {"global_batch_size": 8},
         }
     )
-    actor = ray.remote(num_cpus=0, concurrency_groups={"io": 1})(SlowWriter).remote(spec, str(tmp_path), ["."])
+    actor = ray.remote(num_cpus=0, concurrency_groups={"io": 1})(SlowRecorder).remote(spec, str(tmp_path), ["."])
     client = CheckpointClient(actor)
     weights = small_cnn().get_weights()
 
     started = time.perf_counter()
-    client.save(weights, 1, 1, 1, {"loss": 1.0})
+    client.save(weights, Saved("epoch-001.weights.h5", 1, 1, {"loss": 1.0}))
     handed_over = time.perf_counter() - started
     steps_during_write = 0
     while time.perf_counter() - started < 1.0:  # the "training steps" go on
@@ -145,7 +150,7 @@ def test_slow_writes_do_not_hold_the_step_loop(ray_address, tmp_path):
 
     started = time.perf_counter()  # backpressure: a third save in flight waits for the oldest
     for epoch in (2, 3, 4):
-        client.save(weights, epoch, epoch, 1, {"loss": 1.0})
+        client.save(weights, Saved(f"epoch-{epoch:03d}.weights.h5", epoch, epoch, {"loss": 1.0}))
     assert time.perf_counter() - started > 1.0
     client.flush()
     ray.kill(actor)

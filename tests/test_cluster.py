@@ -13,10 +13,9 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
-from .conftest import REPO, cli, free_port
+from .helpers import REPO, cli, free_port, max_relative_error
 
 pytestmark = pytest.mark.slow
 
@@ -183,7 +182,7 @@ def test_ray_job_submit_spreads_workers_over_both_nodes_and_matches_one_node(clu
     assert len({w["node_id"] for w in result["workers"]}) == 2  # one worker on each node
     two_nodes = default_job_runs.weights(result["final_weights"])
     one_node = default_job_runs.weights(default_job_runs.results[2]["final_weights"])
-    error = max(float(np.max(np.abs(a - b)) / np.max(np.abs(b))) for a, b in zip(two_nodes, one_node, strict=True))
+    error = max_relative_error(two_nodes, one_node)
     print(f"ray job submit on 2 nodes vs 1 node: max relative weight error {error:.2e}")
     assert error < 1e-5
 

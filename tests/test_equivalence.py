@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import rayparallel
 from tests.models import lstm_job
+
+from .helpers import final_weights, max_relative_error
 
 pytestmark = pytest.mark.slow
 
@@ -30,17 +31,6 @@ CNN = {
 }
 
 
-def final_weights(result, builder) -> list[np.ndarray]:
-    """Load the run's weights file into the base model built for batch 1 (any batch loads)."""
-    model = builder(batch_size=1)
-    model.load_weights(result.final_weights)
-    return model.get_weights()
-
-
-def max_relative_error(a: list[np.ndarray], b: list[np.ndarray]) -> float:
-    return max(float(np.max(np.abs(x - y)) / (np.max(np.abs(y)) + 1e-12)) for x, y in zip(a, b, strict=True))
-
-
 def run(spec, tmp_path, workers, cpus):
     return rayparallel.train(
         spec,
@@ -54,10 +44,10 @@ def test_stateful_lstm_streams_1_2_3_workers_same_weights(ray_address, tmp_path)
     from tests.models import stateful_lstm
 
     one = run(LSTM, tmp_path, 1, 1)
-    reference = final_weights(one, stateful_lstm)
+    reference = final_weights(one.final_weights, stateful_lstm)
     for workers in (2, 3):
         result = run(LSTM, tmp_path, workers, 1)
-        error = max_relative_error(final_weights(result, stateful_lstm), reference)
+        error = max_relative_error(final_weights(result.final_weights, stateful_lstm), reference)
         print(f"lstm streams: {workers} workers vs 1, max relative weight error {error:.2e}")
         assert error < 1e-5
         assert [w["batch_shape"] for w in result.workers] == [[[6 // workers, 5, 2]]] * workers
@@ -76,7 +66,7 @@ def test_stateless_cnn_shuffle_2_workers_same_weights_and_global_metrics(cnn_one
     from tests.models import small_cnn
 
     one, two = cnn_one_worker, run(CNN, tmp_path, 2, 1)
-    error = max_relative_error(final_weights(two, small_cnn), final_weights(one, small_cnn))
+    error = max_relative_error(final_weights(two.final_weights, small_cnn), final_weights(one.final_weights, small_cnn))
     print(f"cnn shuffle: 2 workers vs 1, max relative weight error {error:.2e}")
     assert error < 1e-5
     assert set(two.final) >= {"loss", "accuracy", "miou", "val_loss", "val_accuracy", "val_miou"}
@@ -96,7 +86,7 @@ def test_xla_step_trains_the_same_model(cnn_one_worker, tmp_path):
         output_dir=tmp_path / "xla",
         verbose=False,
     )
-    error = max_relative_error(final_weights(xla, small_cnn), final_weights(one, small_cnn))
+    error = max_relative_error(final_weights(xla.final_weights, small_cnn), final_weights(one.final_weights, small_cnn))
     print(f"cnn shuffle: 2 workers with XLA vs 1 without, max relative weight error {error:.2e}")
     assert error < 1e-5
     assert xla.final["loss"] == pytest.approx(one.final["loss"], rel=1e-4)

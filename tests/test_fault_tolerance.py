@@ -9,12 +9,13 @@ import signal
 import threading
 import time
 
-import numpy as np
 import pytest
 
 import rayparallel
 from rayparallel.errors import RayParallelError
 from tests.models import lstm_job
+
+from .helpers import final_weights, max_relative_error
 
 pytestmark = pytest.mark.slow
 
@@ -30,17 +31,11 @@ LSTM = lstm_job(
 def weights_of(result):
     from tests.models import stateful_lstm
 
-    model = stateful_lstm(batch_size=1)
-    model.load_weights(result.final_weights)
-    return model.get_weights()
-
-
-def relative_error(a, b) -> float:
-    return max(float(np.max(np.abs(x - y)) / (np.max(np.abs(y)) + 1e-12)) for x, y in zip(a, b, strict=True))
+    return final_weights(result.final_weights, stateful_lstm)
 
 
 def kill_a_worker_when(epochs_done: int, killed: dict, run_prefix: str) -> threading.Thread:
-    """SIGKILL rank 1 once the live run (found by its named checkpoint actor) finished `epochs_done` epochs."""
+    """SIGKILL rank 1 once the live run (found by its named recorder actor) finished `epochs_done` epochs."""
     import ray
 
     def watch():
@@ -80,7 +75,7 @@ def test_killed_worker_resumes_to_the_same_weights(uninterrupted, tmp_path):
     watcher.join(timeout=5)
     assert killed, "the worker was never killed"
     assert killed["pid"] not in [w["pid"] for w in result.workers]  # the group was restarted
-    error = relative_error(weights_of(result), weights_of(uninterrupted))
+    error = max_relative_error(weights_of(result), weights_of(uninterrupted))
     print(f"resume after SIGKILL of rank 1 after epoch {killed['after_epoch']}: max relative weight error {error:.2e}")
     assert error < 1e-5
     assert [h["val_loss"] for h in result.history] == pytest.approx(
@@ -142,7 +137,7 @@ def test_resume_continues_the_same_run_exactly_and_fresh_starts_anew(uninterrupt
     assert "resuming fault-resume-" in printed and "after epoch 3" in printed
     assert resumed.mlflow["run_id"] == first.mlflow["run_id"]
     assert len(resumed.history) == 5
-    error = relative_error(weights_of(resumed), weights_of(uninterrupted))
+    error = max_relative_error(weights_of(resumed), weights_of(uninterrupted))
     print(f"resume 3 -> 5 epochs vs uninterrupted 5: max relative weight error {error:.2e}")
     assert error < 1e-5
     fresh = rayparallel.train(spec, ["train.epochs=1"], output_dir=out, resume=False)
@@ -158,7 +153,7 @@ def test_ctrl_c_ends_the_run_cleanly(ray_address, tmp_path):
     import ray
     from mlflow.tracking import MlflowClient
 
-    from .conftest import REPO
+    from .helpers import REPO
 
     store = f"sqlite:///{tmp_path}/mlflow.db"
     job = tmp_path / "job.yaml"

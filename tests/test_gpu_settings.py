@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 import rayparallel
-from tests.test_equivalence import CNN, final_weights
+from tests.test_equivalence import CNN
+
+from .helpers import final_weights
 
 pytestmark = pytest.mark.slow
 
@@ -39,5 +41,5 @@ def test_mixed_float16_skips_overflowing_steps_on_every_worker_and_trains(ray_ad
     assert 1.0 <= scales[0] < initial  # halved on overflow
     assert all(math.isfinite(epoch["loss"]) for epoch in result.history)
     assert result.history[-1]["loss"] < result.history[0]["loss"]
-    weights = final_weights(result, small_cnn)  # saved as float32, loadable into a float32 model
+    weights = final_weights(result.final_weights, small_cnn)  # saved as float32, loadable into a float32 model
     assert all(w.dtype == np.float32 and np.isfinite(w).all() for w in weights)

@@ -7,7 +7,7 @@ import re
 import pytest
 import yaml
 
-from .conftest import REPO
+from .helpers import REPO
 
 INFRA = REPO / "infra"
 
@@ -60,12 +60,57 @@ def test_kuberay_manifests_carry_required_fields():
     assert kinds["PersistentVolumeClaim"]["spec"]["accessModes"] == ["ReadWriteMany"]
 
 
-def test_mlflow_deployment_has_a_database_and_an_artifact_store():
+def mlflow_docs() -> dict:
     docs = list(yaml.safe_load_all((INFRA / "mlflow" / "mlflow.yaml").read_text()))
-    server = next(d for d in docs if d["kind"] == "Deployment")
-    args = " ".join(server["spec"]["template"]["spec"]["containers"][0]["args"])
-    assert "--backend-store-uri postgresql://" in args and "--artifacts-destination" in args
-    assert any(d["kind"] == "StatefulSet" and d["metadata"]["name"] == "postgres" for d in docs)
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+
+def from_secret(env: list, name: str) -> bool:
+    """The variable is set from a Secret, never written into the manifest."""
+    entry = next((e for e in env if e["name"] == name), None)
+    return entry is not None and "value" not in entry and "secretKeyRef" in entry["valueFrom"]
+
+
+def test_mlflow_deployment_has_a_database_and_an_artifact_store():
+    docs = mlflow_docs()
+    container = docs["Deployment", "mlflow"]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["MLFLOW_BACKEND_STORE_URI"].startswith("postgresql://") and env["MLFLOW_ARTIFACTS_DESTINATION"]
+    assert ("StatefulSet", "postgres") in docs
+
+
+def test_mlflow_is_served_with_authentication_from_a_built_image_reachable_only_from_ray():
+    docs = mlflow_docs()
+    pod = docs["Deployment", "mlflow"]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert "--app-name basic-auth" in " ".join(container["args"])
+    for step in pod["containers"] + pod.get("initContainers", []):  # nothing installed at start
+        assert "pip" not in " ".join(step.get("command", []) + step.get("args", []))
+        assert step["image"].startswith("ghcr.io/your-org/rayparallel-mlflow:")
+    for name in ("MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY", "POSTGRES_PASSWORD"):
+        assert from_secret(container["env"], name), name
+    ini = docs["ConfigMap", "mlflow-auth-config"]["data"]["basic_auth.ini"]
+    assert "admin_password" not in ini and "authenticate_request_basic_auth" in ini
+    ingress = docs["NetworkPolicy", "mlflow-from-ray-only"]["spec"]
+    assert ingress["podSelector"]["matchLabels"] == {"app": "mlflow"} and ingress["policyTypes"] == ["Ingress"]
+    assert ingress["ingress"][0]["from"][0]["namespaceSelector"]["matchLabels"]
+    dockerfile = (INFRA / "mlflow" / "Dockerfile").read_text()
+    assert f'"mlflow[auth]=={pins()["mlflow"]}"' in dockerfile and "psycopg2-binary==" in dockerfile
+
+
+def test_ray_pods_take_mlflow_credentials_from_a_secret():
+    containers = []
+    for _, doc in kuberay_docs():
+        if doc["kind"] in ("RayCluster", "RayJob"):
+            spec = doc["spec"] if doc["kind"] == "RayCluster" else doc["spec"]["rayClusterSpec"]
+            groups = [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
+            containers += [c for g in groups for c in g["template"]["spec"]["containers"]]
+        if doc["kind"] == "RayJob":  # a job's runtime_env is readable by anyone who can list jobs
+            assert "PASSWORD" not in doc["spec"]["runtimeEnvYAML"]
+    assert len(containers) == 4
+    for container in containers:
+        assert from_secret(container["env"], "MLFLOW_TRACKING_USERNAME")
+        assert from_secret(container["env"], "MLFLOW_TRACKING_PASSWORD")
 
 
 def test_image_pins_the_same_versions_as_pyproject():

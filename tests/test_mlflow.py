@@ -13,28 +13,35 @@ import pytest
 import rayparallel
 from tests.models import lstm_job
 
-from .conftest import REPO, MlflowServer, cli
+from .helpers import REPO, MlflowServer, cli
 
 pytestmark = pytest.mark.slow
 
 LSTM = lstm_job("mlflow-lstm", "train.epochs=3", "train.progress_every_n_steps=2")
 
 
-def test_run_is_complete_in_a_real_server(ray_address, mlflow_server, tmp_path):
+def test_run_is_complete_in_a_real_server_and_leaks_no_credential(
+    ray_address, mlflow_server, tmp_path, capsys, monkeypatch
+):
     import mlflow
     from mlflow.tracking import MlflowClient
 
+    password = "s3cret-pw"  # the server has no auth and ignores it; it must appear nowhere we write
     spec = dict(
         LSTM,
         mlflow={
-            "tracking_uri": mlflow_server.uri,
+            "tracking_uri": mlflow_server.uri.replace("http://", f"http://rp-user:{password}@"),
             "experiment": "rp-tests",
             "register_model": "rp-lstm",
             "log_step_loss": True,
-            "tags": {"team": "tests"},
+            "tags": {"team": "tests", "api_token": f"tok-{password}"},
         },
     )
-    result = rayparallel.train(spec, output_dir=tmp_path / "out", verbose=False)
+    result = rayparallel.train(spec, output_dir=tmp_path / "out", verbose=True)
+    console = capsys.readouterr()
+    assert "MLflow run" in console.out and password not in console.out + console.err
+    leaking = [p for p in (tmp_path / "out").rglob("*") if p.is_file() and password.encode() in p.read_bytes()]
+    assert not leaking, leaking
     client = MlflowClient(mlflow_server.uri)
     experiment = client.get_experiment_by_name("rp-tests")
     runs = client.search_runs([experiment.experiment_id])
@@ -50,6 +57,8 @@ def test_run_is_complete_in_a_real_server(ray_address, mlflow_server, tmp_path):
     assert params["per_worker_batch_size"] == "3" and params["version.keras"].startswith("3.")
     assert run.data.tags["team"] == "tests" and run.data.tags["rayparallel.num_nodes"] == "1"
     assert run.data.tags["rayparallel.ray_run_name"].startswith("mlflow-lstm-")
+    assert run.data.tags["api_token"] == "***" and params["mlflow.tracking_uri"].startswith("http://rp-user:***@")
+    assert not [v for v in [*params.values(), *run.data.tags.values()] if password in v]
     for key in ("loss", "val_loss", "mae", "val_mae"):
         history = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
         assert [m.step for m in history] == [1, 2, 3]
@@ -60,7 +69,7 @@ def test_run_is_complete_in_a_real_server(ray_address, mlflow_server, tmp_path):
     ckpts = {a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")}
     assert {"checkpoints/epoch-003.weights.h5", "checkpoints/final.weights.h5", "checkpoints/manifest.json"} <= ckpts
 
-    mlflow.set_tracking_uri(mlflow_server.uri)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)  # for models:/ below
     model_id = run.outputs.model_outputs[0].model_id
     model = mlflow.keras.load_model(f"models:/{model_id}")
     assert model.inputs[0].shape[0] == 1  # rebuilt at mlflow.model_batch_size

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import pytest
 
-from rayparallel.checkpoint.policy import Policy, Saved, check_against_metrics, resolve_mode
+from rayparallel.checkpoint.policy import Retention, SaveDecision, check_against_metrics, resolve_mode
 from rayparallel.errors import SpecError
 from rayparallel.spec import CheckpointSpec
 
 
-def saved(policy: Policy, epoch: int, **metrics) -> list[str]:
-    name = policy.filename(epoch, epoch * 10, 10, metrics)
-    dropped = policy.record(Saved(file=name, epoch=epoch, step=epoch * 10, metrics=metrics))
-    return [d.file for d in dropped]
+def saved(retention: Retention, epoch: int, **logs) -> list[str]:
+    point = SaveDecision(retention.spec).save_point(epoch, epoch * 10, 10, logs)
+    return [d.file for d in retention.record(point)]
 
 
 def test_filename_uses_keras_template_fields():
-    policy = Policy(CheckpointSpec(filepath="unet-{epoch:02d}-{val_loss:.4f}-{val_iou:.4f}.weights.h5"))
-    assert policy.filename(3, 30, 10, {"val_loss": 0.123456, "val_iou": 0.5}) == "unet-03-0.1235-0.5000.weights.h5"
+    decision = SaveDecision(CheckpointSpec(filepath="unet-{epoch:02d}-{val_loss:.4f}-{val_iou:.4f}.weights.h5"))
+    point = decision.save_point(3, 30, 10, {"val_loss": 0.123456, "val_iou": 0.5})
+    assert point.file == "unet-03-0.1235-0.5000.weights.h5"
+    assert (point.epoch, point.step, point.logs) == (3, 30, {"val_loss": 0.123456, "val_iou": 0.5})
 
 
 def test_auto_mode_follows_keras():
@@ -28,27 +29,25 @@ def test_auto_mode_follows_keras():
 
 
 def test_save_best_only_saves_only_improvements():
-    policy = Policy(CheckpointSpec(save_best_only=True, monitor="val_loss"))
+    decision = SaveDecision(CheckpointSpec(save_best_only=True, monitor="val_loss"))
     decisions = []
     for epoch, value in enumerate([0.5, 0.6, 0.4, 0.4, float("nan"), 0.3], start=1):
-        metrics = {"val_loss": value}
-        decisions.append(policy.should_save(metrics))
-        if decisions[-1]:
-            saved(policy, epoch, **metrics)
+        decisions.append(decision.save_point(epoch, epoch, 1, {"val_loss": value}) is not None)
     assert decisions == [True, False, True, False, False, True]
-    assert policy.best == 0.3
+    assert decision.best == 0.3
+    assert SaveDecision(CheckpointSpec(enabled=False)).save_point(1, 1, 1, {"val_loss": 0.1}) is None
 
 
 def test_keep_best_k_plus_latest():
-    policy = Policy(CheckpointSpec(filepath="e{epoch}.weights.h5", monitor="val_accuracy", keep=2))
-    assert saved(policy, 1, val_accuracy=0.5) == []
-    assert saved(policy, 2, val_accuracy=0.9) == []
-    assert saved(policy, 3, val_accuracy=0.7) == ["e1.weights.h5"]
-    assert saved(policy, 4, val_accuracy=0.6) == []  # latest kept although not in the best 2
-    assert sorted(s.file for s in policy.saved) == ["e2.weights.h5", "e3.weights.h5", "e4.weights.h5"]
-    assert saved(policy, 5, val_accuracy=0.95) == ["e3.weights.h5", "e4.weights.h5"]
-    assert sorted(s.file for s in policy.saved) == ["e2.weights.h5", "e5.weights.h5"]
-    assert policy.best_entry().file == "e5.weights.h5"
+    retention = Retention(CheckpointSpec(filepath="e{epoch}.weights.h5", monitor="val_accuracy", keep=2))
+    assert saved(retention, 1, val_accuracy=0.5) == []
+    assert saved(retention, 2, val_accuracy=0.9) == []
+    assert saved(retention, 3, val_accuracy=0.7) == ["e1.weights.h5"]
+    assert saved(retention, 4, val_accuracy=0.6) == []  # latest kept although not in the best 2
+    assert sorted(s.file for s in retention.saved) == ["e2.weights.h5", "e3.weights.h5", "e4.weights.h5"]
+    assert saved(retention, 5, val_accuracy=0.95) == ["e3.weights.h5", "e4.weights.h5"]
+    assert sorted(s.file for s in retention.saved) == ["e2.weights.h5", "e5.weights.h5"]
+    assert retention.best_entry().file == "e5.weights.h5" and retention.best_value() == 0.95
 
 
 def test_template_naming_unknown_metric_is_rejected():

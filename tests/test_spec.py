@@ -83,6 +83,12 @@ def test_overrides_are_yaml_typed_and_dotted():
             "train.dtype_policy: expected one of ['float32', 'mixed_float16', 'mixed_bfloat16']",
         ),
         (BASE, ["train.initial_loss_scale=0"], "train.initial_loss_scale: expected a positive number, received 0.0"),
+        (
+            BASE,
+            ["name=my run/1"],
+            "name: expected letters, digits, '.', '_' or '-' (it names the output folder and the Ray run), "
+            "received 'my run/1'",
+        ),
     ],
 )
 def test_bad_specs_name_key_expected_and_received(raw, overrides, message):

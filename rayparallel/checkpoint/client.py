@@ -1,7 +1,7 @@
 """Rank 0's side of checkpointing: hand the weights over and keep training.
 
 The training loop only pays for a snapshot of the weights (tensors that later steps do not
-change, see `worker.resume.snapshot`). Converting them to NumPy, copying them into Ray's
+change, taken by the worker's resume module). Converting them to NumPy, copying them into Ray's
 object store and calling the actor happen in one background thread, and the actor writes
 the file in its own process. At most
 `max_pending` saves are in flight: beyond that the loop waits for the oldest, so a slow disk
@@ -12,21 +12,26 @@ save or at `flush`, as the actor's one-line error.
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import ray
 
+from .policy import Saved
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
 
 class CheckpointClient:
-    def __init__(self, actor: Any, max_pending: int = 2):
+    def __init__(self, actor: ActorHandle, max_pending: int = 2):
         self._actor, self._max_pending = actor, max_pending
         self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rayparallel-ckpt")
         self._pending: list[Future] = []
 
-    def save(self, weights: list, epoch: int, step: int, batch: int, metrics: dict) -> None:
+    def save(self, weights: list, point: Saved) -> None:
         """Returns at once; `weights` are tensors or arrays that nothing modifies afterwards."""
-        self._pending.append(self._sender.submit(self._send, weights, epoch, step, batch, dict(metrics)))
+        self._pending.append(self._sender.submit(self._send, weights, point))
         while self._pending and self._done(self._pending[0]):
             self._wait(self._pending.pop(0))  # raises a failed write's error
         while len(self._pending) > self._max_pending:
@@ -41,9 +46,9 @@ class CheckpointClient:
                 if raise_errors:
                     raise
 
-    def _send(self, weights: list, epoch: int, step: int, batch: int, metrics: dict) -> Any:
+    def _send(self, weights: list, point: Saved) -> ray.ObjectRef:
         arrays = [np.asarray(w) for w in weights]
-        return self._actor.save_checkpoint.remote(arrays, epoch, step, batch, metrics)
+        return self._actor.save_checkpoint.remote(arrays, point)
 
     @staticmethod
     def _done(future: Future) -> bool:

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import RayParallelError
+from ..model import build_model
 from ..spec import ModelSpec
+from ..spec.references import add_search_path
 from .manifest import read_manifest
+
+if TYPE_CHECKING:
+    import keras
 
 
 def find_weights(checkpoint: str | os.PathLike) -> tuple[Path, dict]:
@@ -41,15 +46,14 @@ def find_weights(checkpoint: str | os.PathLike) -> tuple[Path, dict]:
     return path, manifest
 
 
-def load_model(checkpoint: str | os.PathLike, batch_size: int = 1) -> Any:
+def load_model(checkpoint: str | os.PathLike, batch_size: int = 1) -> keras.Model:
     """The base model rebuilt for `batch_size` with the checkpoint's weights.
 
     >>> model = rayparallel.load_model("runs/stateful-lstm-co2/checkpoints", batch_size=1)  # doctest: +SKIP
     """
     import h5py
 
-    from ..spec.references import add_search_path
-    from ..worker.replica import build_replica
+    from ..quiet import import_tensorflow
 
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
         raise RayParallelError(f"batch_size: expected a positive integer, received {batch_size!r}")
@@ -59,8 +63,9 @@ def load_model(checkpoint: str | os.PathLike, batch_size: int = 1) -> Any:
             f"checkpoint: expected a Keras .weights.h5 (HDF5) file, received {str(path)!r} (corrupt or not HDF5)"
         )
     recipe = manifest["model"]
-    add_search_path([os.getcwd()])
-    model = build_replica(ModelSpec(builder=recipe["builder"], kwargs=recipe.get("kwargs") or {}), batch_size)
+    import_tensorflow()
+    add_search_path([os.getcwd()])  # the builder is imported as from where the job was launched
+    model = build_model(ModelSpec(builder=recipe["builder"], kwargs=recipe.get("kwargs") or {}), batch_size)
     try:
         model.load_weights(str(path))
     except Exception as exc:  # Keras raises ValueError/KeyError/OSError for mismatches

@@ -9,16 +9,16 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from ..errors import RayParallelError
-from .files import atomic_write_text
-from .policy import Saved
+from ..files import atomic_write_text
+from ..spec import JobSpec
+from .policy import Retention, Saved
 
 MANIFEST = "manifest.json"
 
 
-def model_recipe(spec: Any) -> dict:
+def model_recipe(spec: JobSpec) -> dict:
     """How to rebuild the base model: builder, kwargs, the batch it was trained with, versions."""
     import keras
 
@@ -30,17 +30,17 @@ def model_recipe(spec: Any) -> dict:
     }
 
 
-def write_manifest(folder: Path, recipe: dict, policy: Any, final: Saved | None) -> None:
-    best = policy.best_entry()
+def write_manifest(folder: Path, recipe: dict, retention: Retention, final: Saved | None) -> None:
+    best = retention.best_entry()
     body = {
         "model": recipe,
-        "monitor": policy.spec.monitor,
-        "mode": policy.mode,
-        "checkpoints": [asdict(s) for s in policy.saved],
+        "monitor": retention.spec.monitor,
+        "mode": retention.mode,
+        "checkpoints": [asdict(s) for s in retention.saved],
         "best": best.file if best else None,
         "final": asdict(final) if final else None,
     }
-    atomic_write_text(folder / MANIFEST, json.dumps(body, indent=2, default=float))
+    atomic_write_text(folder / MANIFEST, json.dumps(body, indent=2, default=float), "checkpoint.dir")
 
 
 def read_manifest(folder: Path) -> dict:

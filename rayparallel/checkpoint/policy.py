@@ -1,6 +1,7 @@
 """Which checkpoints to write, what to call them and which to keep: Keras' ModelCheckpoint rules.
 
-Pure logic, shared by the driver (template checks before training) and the checkpoint actor.
+Pure logic: the driver checks the template before training, the workers decide each save
+(:class:`SaveDecision`), the recorder keeps the files `keep` allows (:class:`Retention`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from ..errors import SpecError
 from ..spec import CheckpointSpec
 
 POSITION_FIELDS = ("epoch", "step", "batch")
+FINAL = "final.weights.h5"  # the weights at the end of training, beside the template's files
 _MAX_HINTS = ("acc", "auc", "iou", "precision", "recall", "f1", "fmeasure")
 
 
@@ -50,67 +52,87 @@ def check_against_metrics(spec: CheckpointSpec, epoch_keys: Iterable[str], step_
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class Saved:
-    """One written checkpoint as the manifest records it."""
+    """One save point: the file it is written to, where in training, and the figures then.
+
+    The worker decides on it (:class:`SaveDecision`) and hands it over as one value; the
+    manifest records it as it came.
+    """
 
     file: str
     epoch: int
     step: int
-    metrics: dict
+    logs: dict
 
     def score(self, monitor: str) -> float | None:
-        value = self.metrics.get(monitor)
+        value = self.logs.get(monitor)
         return None if value is None or math.isnan(value) else float(value)
 
 
 @dataclass
-class Policy:
+class _Monitored:
+    """What the decision and the retention share: the monitored figure and its direction."""
+
     spec: CheckpointSpec
-    saved: list[Saved] = field(default_factory=list)
-    best: float | None = None
 
     @property
     def mode(self) -> str:
         return resolve_mode(self.spec.monitor, self.spec.mode)
 
-    def filename(self, epoch: int, step: int, batch: int, metrics: dict) -> str:
-        return self.spec.filepath.format(epoch=epoch, step=step, batch=batch, **metrics)
+    def _sign(self) -> int:
+        return 1 if self.mode == "min" else -1
 
-    def improves(self, metrics: dict) -> bool:
-        value = metrics.get(self.spec.monitor)
+
+@dataclass
+class SaveDecision(_Monitored):
+    """Whether to save now and under which name: decided on every rank alike, from global logs.
+
+    This is the only place that decides; the recorder writes what it is handed.
+    """
+
+    best: float | None = None  # the monitor's best among saved files (kept by the recorder over restarts)
+
+    def save_point(self, epoch: int, step: int, batch: int, logs: dict) -> Saved | None:
+        """The save point for this moment, or None (checkpoints off, or not an improvement)."""
+        if not self.spec.enabled or (self.spec.save_best_only and not self._improves(logs)):
+            return None
+        if self._improves(logs):
+            self.best = float(logs[self.spec.monitor])
+        name = self.spec.filepath.format(epoch=epoch, step=step, batch=batch, **logs)
+        return Saved(file=name, epoch=epoch, step=step, logs=dict(logs))
+
+    def _improves(self, logs: dict) -> bool:
+        value = logs.get(self.spec.monitor)
         if value is None or math.isnan(value):
             return False
-        if self.best is None:
-            return True
-        return value < self.best if self.mode == "min" else value > self.best
+        return self.best is None or self._sign() * value < self._sign() * self.best
 
-    def should_save(self, metrics: dict) -> bool:
-        return not self.spec.save_best_only or self.improves(metrics)
 
-    def note(self, metrics: dict) -> None:
-        """Remember the monitored value of a saved checkpoint if it is the best so far."""
-        if self.improves(metrics):
-            self.best = float(metrics[self.spec.monitor])
+@dataclass
+class Retention(_Monitored):
+    """Which written files stay: `keep` best by the monitor, plus the latest (the recorder's side)."""
+
+    saved: list[Saved] = field(default_factory=list)
 
     def record(self, entry: Saved) -> list[Saved]:
         """Add a written file; return the entries `keep` says to delete (never the new one)."""
-        self.note(entry.metrics)
         self.saved = [s for s in self.saved if s.file != entry.file] + [entry]
         if self.spec.keep is None:
             return []
-        latest = self.saved[-1]
-        sign = 1 if self.mode == "min" else -1
-        ranked = sorted(
-            (s for s in self.saved if s.score(self.spec.monitor) is not None),
-            key=lambda s: sign * s.score(self.spec.monitor),
-        )
-        keep = {id(s) for s in ranked[: self.spec.keep]} | {id(latest)}
+        ranked = sorted(self._scored(), key=lambda s: self._sign() * s.score(self.spec.monitor))
+        keep = {id(s) for s in ranked[: self.spec.keep]} | {id(entry)}
         dropped = [s for s in self.saved if id(s) not in keep]
         self.saved = [s for s in self.saved if id(s) in keep]
         return dropped
 
     def best_entry(self) -> Saved | None:
-        sign = 1 if self.mode == "min" else -1
-        scored = [s for s in self.saved if s.score(self.spec.monitor) is not None]
-        return min(scored, key=lambda s: sign * s.score(self.spec.monitor)) if scored else None
+        scored = self._scored()
+        return min(scored, key=lambda s: self._sign() * s.score(self.spec.monitor)) if scored else None
+
+    def best_value(self) -> float | None:
+        best = self.best_entry()
+        return best.score(self.spec.monitor) if best else None
+
+    def _scored(self) -> list[Saved]:
+        return [s for s in self.saved if s.score(self.spec.monitor) is not None]

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+from collections.abc import Iterator
 
 import ray
+from ray._private import ray_logging  # the driver's log stream; no public switch once ray.init() ran
 
 from ..errors import RayParallelError
 from ..spec import JobSpec
 
 WORKER_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+_PRINT_HANDLER = "ray_print_logs"  # the name ray.init(log_to_driver=True) gives its printer
 
 
 def connect(worker_logs: bool = False) -> bool:
@@ -23,16 +28,36 @@ def connect(worker_logs: bool = False) -> bool:
         return False
     address = os.environ.get("RAY_ADDRESS")
     env = {"env_vars": dict(WORKER_ENV)}
+    quiet = {} if worker_logs else {"logging_level": logging.ERROR}  # Ray's own start-up lines
     if address:
         try:
-            ray.init(address=address, runtime_env=env, log_to_driver=worker_logs)
+            ray.init(address=address, runtime_env=env, log_to_driver=worker_logs, **quiet)
         except ConnectionError as exc:
             raise RayParallelError(
                 f"RAY_ADDRESS: expected a running Ray cluster, received {address!r} ({exc})"
             ) from None
         return False
-    ray.init(address="local", runtime_env=env, log_to_driver=worker_logs)  # never a stale `ray start` cluster
+    ray.init(address="local", runtime_env=env, log_to_driver=worker_logs, **quiet)  # never a stale `ray start`
     return True
+
+
+@contextlib.contextmanager
+def worker_output_shown(show: bool) -> Iterator[None]:
+    """Hold back the workers' and Ray Train's output in a driver that streams it (a notebook's ray.init()).
+
+    A driver started with `log_to_driver=True` prints every worker's TensorFlow lines and Ray
+    Train's internal actors' messages; during a run without `worker_logs` they are held back
+    (errors still arrive as exceptions) and the driver's own setting is restored afterwards.
+    """
+    dispatcher = getattr(ray_logging, "global_worker_stdstream_dispatcher", None)
+    handlers = [] if show or dispatcher is None else [h for h in dispatcher.handlers if h[0] == _PRINT_HANDLER]
+    for name, _ in handlers:
+        dispatcher.remove_handler(name)
+    try:
+        yield
+    finally:
+        for name, handler in handlers:
+            dispatcher.add_handler(name, handler)
 
 
 def check_capacity(spec: JobSpec) -> None:

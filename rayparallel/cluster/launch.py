@@ -1,7 +1,7 @@
-"""Run a validated job on Ray Train: workers, checkpoint actor, progress, result.
+"""Run a validated job on Ray Train: workers, the run's recorder, progress, result.
 
 `TensorflowTrainer.fit()` blocks, so it runs in a thread while this thread prints the
-progress events the checkpoint actor collects from rank 0. The actor is named
+progress events the recorder collects from rank 0. The recorder actor is named
 `rayparallel:<ray run name>`, so a live run can be inspected with `ray.get_actor`.
 """
 
@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import ray
 import yaml
@@ -19,61 +20,65 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.tensorflow import TensorflowTrainer
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ..checkpoint.actor import CheckpointActor
 from ..errors import RayParallelError
+from ..files import atomic_write_text
+from ..recorder.actor import RecorderActor
 from ..result import TrainResult
+from ..secrets import mask, mask_text
 from ..spec import JobSpec
 from ..worker.loop import train_loop_per_worker
 from . import connect as cluster
 from .progress import ConsoleProgress, format_logs
 from .run_state import RunState, plan_run
 
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
-def launch(
-    spec: JobSpec,
-    output_dir: Path,
-    baselines: dict,
-    search_path: list[str],
-    verbose: bool = True,
-    worker_logs: bool = False,
-    resume: bool | None = None,
-) -> TrainResult:
-    started_at = time.time()
-    started_ray = cluster.connect(worker_logs)
+
+@dataclass
+class Launch:
+    """How one run is launched: everything `train` was told besides the job spec."""
+
+    output_dir: Path
+    search_path: list[str]  # where the user's modules import from (the driver's folder), in every process
+    baselines: dict = field(default_factory=dict)  # the loader's figures, printed beside the model's
+    verbose: bool = True
+    worker_logs: bool = False
+    resume: bool | None = None  # True: continue the recorded run; False: fresh; None: resume if unfinished
+    started_at: float = 0.0  # when Ray was joined: the clock of time_to_first_step_s
+
+
+def launch(spec: JobSpec, run: Launch) -> TrainResult:
+    run.started_at = time.time()
+    started_ray = cluster.connect(run.worker_logs)
     try:
         if started_ray or not os.environ.get("RAY_ADDRESS"):
             cluster.check_capacity(spec)
-        return _fit(spec, output_dir, baselines, search_path, verbose, resume, started_at)
+        with cluster.worker_output_shown(run.worker_logs):
+            return _fit(spec, run)
     finally:
         if started_ray:
             ray.shutdown()
 
 
-def _fit(
-    spec: JobSpec,
-    output_dir: Path,
-    baselines: dict,
-    search_path: list[str],
-    verbose: bool,
-    resume: bool | None,
-    started_at: float,
-) -> TrainResult:
+def _fit(spec: JobSpec, run: Launch) -> TrainResult:
+    output_dir = run.output_dir
     started = time.perf_counter()
-    say = print if verbose else (lambda *_: None)
+    say = print if run.verbose else (lambda *_: None)
     storage_path = spec.run.storage_path or str(output_dir / "ray_results")
-    state, point = plan_run(spec.name, output_dir, storage_path, resume)
+    state, point = plan_run(spec.name, output_dir, storage_path, run.resume)
     if point:
         say(f"rayparallel: resuming {state.ray_run_name} after epoch {point[0]} (Ray checkpoint {point[1]})")
     else:
         say(f"rayparallel: starting {state.ray_run_name} (fresh) in {output_dir}")
     output_dir.mkdir(parents=True, exist_ok=True)
     job_file = output_dir / "job.yaml"
-    job_file.write_text(yaml.safe_dump(spec.to_dict(), sort_keys=False))
+    atomic_write_text(job_file, yaml.safe_dump(mask(spec.to_dict()), sort_keys=False), "--output-dir")
     state.save(output_dir)
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    actor = CheckpointActor.options(name=f"rayparallel:{state.ray_run_name}", scheduling_strategy=here).remote(
-        spec, str(checkpoint_dir(spec, output_dir)), search_path, _tracking_config(spec, output_dir, state)
+    actor = RecorderActor.options(name=f"rayparallel:{state.ray_run_name}", scheduling_strategy=here).remote(
+        spec, str(checkpoint_dir(spec, output_dir)), run.search_path, _tracking_config(spec, output_dir, state)
     )
     tracking = ray.get(actor.tracking_info.remote(10.0))
     if tracking:
@@ -85,7 +90,7 @@ def _fit(
         train_loop_config={
             "spec": spec,
             "actor": actor,
-            "search_path": search_path,
+            "search_path": run.search_path,
             "mlflow_run_id": state.mlflow_run_id,
         },
         scaling_config=ScalingConfig(
@@ -108,7 +113,7 @@ def _fit(
         return ray.get(actor.finish.remote(status, [str(f) for f in files]))
 
     try:
-        error = _run_with_progress(trainer, actor, ConsoleProgress(spec.train.epochs) if verbose else None)
+        error = _run_with_progress(trainer, actor, ConsoleProgress(spec.train.epochs) if run.verbose else None)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from `ray job stop` (see cli)
         end("KILLED", [job_file])
         say(
@@ -125,23 +130,23 @@ def _fit(
         name=spec.name,
         output_dir=str(output_dir),
         seconds=time.perf_counter() - started,
-        baselines=baselines,
+        baselines=run.baselines,
         mlflow=tracking or {},
         **summary,
     )
     if result.first_step_at:
-        result.time_to_first_step_s = result.first_step_at - started_at
+        result.time_to_first_step_s = result.first_step_at - run.started_at
     result_file = result.write()
     result.mlflow = end("FINISHED", [job_file, result_file]) or {}
     result.write()
     ray.kill(actor)
-    if verbose:
+    if run.verbose:
         _print_summary(result)
     return result
 
 
 def _run_with_progress(
-    trainer: TensorflowTrainer, actor: Any, progress: ConsoleProgress | None
+    trainer: TensorflowTrainer, actor: ActorHandle, progress: ConsoleProgress | None
 ) -> BaseException | None:
     """`trainer.fit()` in a thread; this thread prints the actor's events until it ends."""
     outcome: dict = {}
@@ -172,7 +177,7 @@ def _tracking_config(spec: JobSpec, output_dir: Path, state: RunState) -> dict |
         "tracking_uri": spec.mlflow.tracking_uri or mlflow.get_tracking_uri(),
         "experiment": spec.mlflow.experiment or spec.name,
         "run_name": spec.mlflow.run_name or state.ray_run_name,
-        "tags": dict(spec.mlflow.tags, **{"rayparallel.ray_run_name": state.ray_run_name}),
+        "tags": dict(mask(spec.mlflow.tags), **{"rayparallel.ray_run_name": state.ray_run_name}),
         "unlogged_path": output_dir / "mlflow_unlogged.json",
         "resume_run_id": state.mlflow_run_id,
     }
@@ -194,7 +199,7 @@ def _user_error(error: BaseException, storage_path: str) -> RayParallelError | N
     if "Unable to set up cluster storage" in str(error):  # Ray Train's check from every node
         return RayParallelError(
             f"run.storage_path: expected shared storage that every node can read and write for a multi-node "
-            f"run (an NFS mount, s3://..., gs://...), received {storage_path!r}"
+            f"run (an NFS mount, s3://..., gs://...), received {mask_text(storage_path)!r}"
         )
     failures = getattr(error, "worker_failures", None) or {}
     for failure in [error, *failures.values()]:

@@ -12,8 +12,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..checkpoint.files import atomic_write_text
 from ..errors import RayParallelError
+from ..files import atomic_write_text
+from ..secrets import mask
 
 RUN_FILE = "run.json"
 
@@ -26,7 +27,7 @@ class RunState:
     mlflow_run_id: str | None = None
 
     def save(self, output_dir: Path) -> None:
-        atomic_write_text(output_dir / RUN_FILE, json.dumps(asdict(self), indent=2))
+        atomic_write_text(output_dir / RUN_FILE, json.dumps(mask(asdict(self)), indent=2), "--output-dir")
 
     def resume_point(self) -> tuple[int, Path] | None:
         """(last completed epoch, its Ray checkpoint folder), or None if nothing was saved."""

@@ -1,9 +1,14 @@
 """`rayparallel submit`: the same job file on a remote cluster, through Ray's Jobs API.
 
-It packs the working directory (honouring `.gitignore`), passes the tracking settings
-(`MLFLOW_TRACKING_URI`) and the spec's extra pip requirements in the job's
+It packs the working directory (honouring `.gitignore`), passes the tracking server's
+address (`MLFLOW_TRACKING_URI`) and the spec's extra pip requirements in the job's
 `runtime_env`, runs `rayparallel train JOB ...` as the job's entrypoint, follows its logs and
 exits with the job's outcome. Token authentication is found as Ray's own CLI finds it.
+
+Credentials are never sent with a job: its runtime_env and entrypoint are readable by anyone
+who can list jobs on the dashboard. The cluster holds its own MLflow credentials (a
+Kubernetes Secret in the RayCluster spec, the nodes' environment, or MLflow's credentials
+file, see infra/README.md); a password set here is left out, and the console says so.
 """
 
 from __future__ import annotations
@@ -16,9 +21,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import RayParallelError
+from ..secrets import without_credentials
 from ..spec import load_spec
 
-FORWARDED_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+WITHHELD_ENV = (
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_TRACKING_TOKEN",
+)  # the cluster has its own
 ALWAYS_EXCLUDED = ["runs/", "mlruns/", "mlflow.db", ".git/", "__pycache__/", "*.egg-info/"]
 EXIT_CODES = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 130}
 
@@ -34,10 +44,12 @@ def auth_token_source() -> str | None:
 
 
 def runtime_env(job_file: Path, working_dir: Path, pip: Sequence[str]) -> dict:
+    """The job's runtime_env: the working dir, the tracking address without credentials, pip extras."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
     env: dict = {
         "working_dir": str(working_dir),
         "excludes": ALWAYS_EXCLUDED + _gitignore(working_dir),
-        "env_vars": {k: os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)},
+        "env_vars": {"MLFLOW_TRACKING_URI": without_credentials(uri)} if uri else {},
     }
     if pip:
         env["pip"] = list(pip)
@@ -63,7 +75,14 @@ def submit(
             f"job file: expected a file inside the working dir {str(folder)!r}, received {job!r}"
         ) from None
     client = _client(address)
-    arguments = ["rayparallel", "train", str(relative)] + [a for o in overrides for a in ("--set", o)]
+    withheld = withheld_credentials(overrides)
+    if withheld:
+        print(
+            f"rayparallel: not sent with the job: {', '.join(withheld)} (a job's environment and command are "
+            "readable by anyone who can list jobs); the cluster uses its own MLflow credentials (infra/README.md)"
+        )
+    safe = [without_credentials(o) for o in overrides]
+    arguments = ["rayparallel", "train", str(relative)] + [a for o in safe for a in ("--set", o)]
     if output_dir:
         arguments += ["--output-dir", output_dir]
     entrypoint = shlex.join(arguments)
@@ -79,6 +98,15 @@ def submit(
     if not wait:
         return 0
     return _follow(client, job_id)
+
+
+def withheld_credentials(overrides: Sequence[str] = ()) -> list[str]:
+    """The credentials set here that the job will not carry: secret variables, passwords in URLs."""
+    names = [name for name in WITHHELD_ENV if os.environ.get(name)]
+    if without_credentials(os.environ.get("MLFLOW_TRACKING_URI", "")) != os.environ.get("MLFLOW_TRACKING_URI", ""):
+        names.append("the user and password in MLFLOW_TRACKING_URI")
+    names += [f"the user and password in --set {o.partition('=')[0]}" for o in overrides if without_credentials(o) != o]
+    return names
 
 
 def _client(address: str):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import types
 import typing
 from collections.abc import Iterable
@@ -31,6 +32,7 @@ _POSITIVE = {
     "mlflow.flush_timeout_s",
 }
 _NON_NEGATIVE = {"train.progress_every_n_steps", "failure.max_failures"}
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def load_spec(source: str | os.PathLike | dict | JobSpec, overrides: Iterable[str] = ()) -> JobSpec:
@@ -155,8 +157,11 @@ def _check_values(spec: JobSpec) -> None:
     for key in _NON_NEGATIVE:
         if flat[key] < 0:
             raise SpecError(f"{key}: expected zero or a positive number, received {flat[key]!r}")
-    if not spec.name.strip():
-        raise SpecError("name: expected a non-empty run name, received ''")
+    if not _NAME.fullmatch(spec.name):
+        raise SpecError(
+            "name: expected letters, digits, '.', '_' or '-' (it names the output folder and the Ray run), "
+            f"received {spec.name!r}"
+        )
     batch, workers = spec.train.global_batch_size, spec.scaling.num_workers
     if batch % workers:
         raise SpecError(

@@ -1,7 +1,8 @@
 """Resolve the spec's `"module:function"` references to callables.
 
-The driver, the workers and the checkpoint actor all resolve the same references, so each
-gets the same `search_path` (the driver's working directory) prepended to `sys.path`.
+The driver, the workers and the run's recorder all resolve the same references, so each
+process puts the same `search_path` (the driver's working directory) first on `sys.path`,
+once, where it starts: `rayparallel.api`, the worker loop, the recorder, and export.
 """
 
 from __future__ import annotations

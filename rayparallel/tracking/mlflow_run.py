@@ -1,6 +1,6 @@
 """One MLflow run per training run, delivered from a single background thread.
 
-The checkpoint actor owns the only :class:`MlflowRun` of a training run; workers never
+The run's recorder actor owns the only :class:`MlflowRun` of a training run; workers never
 talk to MLflow. Every call only queues an operation; the thread delivers them in order.
 When the server cannot be reached, training goes on: operations stay queued and are
 retried with backoff, one warning is raised (not a stream of tracebacks), and at the end
@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..secrets import mask, mask_text, without_credentials
+
 # Fail fast inside MLflow's HTTP client; retries are ours, without blocking training.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
@@ -26,7 +28,7 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
     """The MLflow UI address of a run, for http(s) tracking servers (as MLflow prints it)."""
     if tracking_uri.startswith(("http://", "https://")):
-        return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+        return f"{without_credentials(tracking_uri).rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
     return None
 
 
@@ -117,17 +119,19 @@ class MlflowRun:
             except Exception as exc:  # the server is down or refused: keep it queued, retry later
                 if self._failing_since is None:
                     self._failing_since = time.monotonic()
+                    first_line = str(exc).splitlines()[0][:200] if str(exc) else ""
                     self._notify(
-                        f"MLflow: cannot log to {self.tracking_uri} ({type(exc).__name__}: "
-                        f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); training goes on, "
-                        "metrics are kept and retried"
+                        mask_text(
+                            f"MLflow: cannot log to {self.tracking_uri} ({type(exc).__name__}: {first_line}); "
+                            "training goes on, metrics are kept and retried"
+                        )
                     )
                 with self._cond:
                     self._cond.wait(timeout=backoff)
                 backoff = min(backoff * 2, 10.0)
                 continue
             if self._failing_since is not None:
-                self._notify(f"MLflow: reachable again at {self.tracking_uri}; buffered records delivered")
+                self._notify(f"MLflow: reachable again at {mask_text(self.tracking_uri)}; buffered records delivered")
                 self._failing_since = None
             backoff = 1.0
             with self._cond:
@@ -195,10 +199,7 @@ class MlflowRun:
 
     def _save_unlogged(self, left: list) -> list[str]:
         records = [{"kind": kind, **{k: v for k, v in payload.items() if k != "build"}} for kind, payload in left]
+        unlogged = {"tracking_uri": self.tracking_uri, "run_id": self.run_id, "records": records}
         self.unlogged_path.parent.mkdir(parents=True, exist_ok=True)
-        self.unlogged_path.write_text(
-            json.dumps(
-                {"tracking_uri": self.tracking_uri, "run_id": self.run_id, "records": records}, indent=2, default=str
-            )
-        )
+        self.unlogged_path.write_text(json.dumps(mask(unlogged), indent=2, default=str))
         return sorted({kind for kind, _ in left})

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from ..secrets import mask
 from ..spec import JobSpec
 
 
@@ -27,9 +28,9 @@ def run_params(spec: JobSpec) -> dict[str, str]:
     import ray
     import tensorflow as tf
 
-    from .. import __version__
+    from ..version import __version__
 
-    params = flatten(spec.to_dict())
+    params = flatten(mask(spec.to_dict()))
     params.update(
         {
             "num_workers": str(spec.scaling.num_workers),

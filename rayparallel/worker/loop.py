@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..checkpoint.client import CheckpointClient
-from ..checkpoint.policy import Policy
+from ..checkpoint.policy import FINAL, Saved, SaveDecision
 from ..errors import NonFiniteLossError
+from ..model import build_model
 from ..spec import JobSpec
 from ..spec.references import add_search_path
 from . import replica, resume, shards
 from .cadence import ProgressCadence
 from .step import EpochFigures, Steps
 from .sync import Reducer, configure_threads, make_strategy
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
 
 
 def train_loop_per_worker(config: dict) -> None:
@@ -31,7 +35,7 @@ def train_loop_per_worker(config: dict) -> None:
 
 
 class WorkerRun:
-    def __init__(self, spec: JobSpec, actor: Any, mlflow_run_id: str | None = None):
+    def __init__(self, spec: JobSpec, actor: ActorHandle, mlflow_run_id: str | None = None):
         import ray
         import ray.train
 
@@ -44,10 +48,10 @@ class WorkerRun:
         import keras
 
         keras.utils.set_random_seed(spec.train.seed)
-        self.batch, self.per_worker = spec.train.global_batch_size, spec.per_worker_batch_size
-        self.data = shards.load_data(spec.data, self.batch)
+        self.global_batch, self.per_worker = spec.train.global_batch_size, spec.per_worker_batch_size
+        self.data = shards.load_data(spec.data, self.global_batch)
         with self.strategy.scope():
-            self.model = replica.build_replica(spec.model, self.per_worker, spec.train.dtype_policy)
+            self.model = build_model(spec.model, self.per_worker, spec.train.dtype_policy)
             self.optimizer = replica.make_optimizer(spec.train.optimizer)
             self.optimizer.build(self.model.trainable_variables)  # not lazily inside the compiled step
         metrics = replica.make_metrics(
@@ -59,15 +63,15 @@ class WorkerRun:
             self.optimizer,
             replica.per_sample_loss(spec.train.loss),
             metrics,
-            self.batch,
+            self.global_batch,
             replica.use_jit(spec.train.jit_compile, self.model),
             spec.train.loss_scale,
         )
         self.figures = EpochFigures(self.steps, Reducer(self.strategy), self.rank, self.world)
         self.stateful = replica.stateful_layers(self.model)
-        self.steps_per_epoch = shards.steps_per_epoch(self.data.train.rows, self.batch)
+        self.steps_per_epoch = shards.steps_per_epoch(self.data.train.rows, self.global_batch)
         self.cadence = ProgressCadence(self.steps_per_epoch, spec.train.progress_every_n_steps)
-        self.policy = Policy(spec.checkpoint)
+        self.decision = SaveDecision(spec.checkpoint)
         self.client = CheckpointClient(actor) if self.rank == 0 else None
 
         meta = resume.restore(ray.train.get_checkpoint(), self.strategy, self.model, self.optimizer)
@@ -75,7 +79,7 @@ class WorkerRun:
         self.history: list[dict] = meta["history"] if meta else []
         if meta and self.rank == 0:
             ray.get(actor.restore_history.remote(self.history))
-        self.policy.best = ray.get(actor.best_value.remote())
+        self.decision.best = ray.get(actor.best_value.remote())
         actor.register_worker.remote(
             {
                 "rank": self.rank,
@@ -104,7 +108,7 @@ class WorkerRun:
             logs = self.train_epoch(epoch)
             self._check_finite(epoch)
             seconds = time.perf_counter() - started
-            logs["samples_per_s"] = self.steps_per_epoch * self.batch / seconds
+            logs["samples_per_s"] = self.steps_per_epoch * self.global_batch / seconds
             if self.steps.loss_scale is not None:
                 logs["loss_scale"] = float(self.steps.loss_scale.value.numpy())
             if self.data.val is not None:
@@ -130,11 +134,9 @@ class WorkerRun:
         weights = self.model.get_weights()  # every rank reads, see resume.snapshot
         if self.rank == 0:
             self.client.flush()
-            ray.get(
-                self.actor.save_final_weights.remote(
-                    weights, self.spec.train.epochs, self.spec.train.epochs * self.steps_per_epoch, logs
-                )
-            )
+            epochs = self.spec.train.epochs
+            final = Saved(file=FINAL, epoch=epochs, step=epochs * self.steps_per_epoch, logs=logs)
+            ray.get(self.actor.save_final_weights.remote(weights, final))
 
     def train_epoch(self, epoch: int) -> dict:
         spec, steps_per_epoch = self.spec, self.steps_per_epoch
@@ -144,7 +146,7 @@ class WorkerRun:
         save_every = spec.checkpoint.save_freq if isinstance(spec.checkpoint.save_freq, int) else 0
         started = time.perf_counter()
         order = shards.epoch_order(self.data.train.rows, epoch - 1, spec.data.layout, spec.train.seed)
-        rows = shards.worker_rows(order, self.batch, self.rank, self.world)
+        rows = shards.worker_rows(order, self.global_batch, self.rank, self.world)
         for step, (x, y) in enumerate(shards.batches(self.data.train, rows, self.per_worker), start=1):
             self.steps.train_step(x, y)
             if step == 1 and epoch == self.start_epoch + 1 and self.rank == 0:
@@ -156,7 +158,9 @@ class WorkerRun:
                 self.cadence.observe(self.figures.rank0_seconds, step)
                 self._check_finite(epoch)
                 if self.rank == 0:
-                    self.actor.log_progress.remote(epoch, step, steps_per_epoch, loss, step * self.batch / seconds)
+                    self.actor.log_progress.remote(
+                        epoch, step, steps_per_epoch, loss, step * self.global_batch / seconds
+                    )
             if save_every and global_step % save_every == 0:
                 running = {"loss": self.figures.running_loss(step)}
                 self.save(resume.snapshot(self.model.weights), epoch, global_step, step, running)
@@ -177,16 +181,16 @@ class WorkerRun:
         replica.reset_states(self.stateful)
         self.steps.reset()
         val = self.data.val
-        rows = shards.worker_rows(shards.epoch_order(val.rows, 0, "streams", 0), self.batch, self.rank, self.world)
+        rows = shards.worker_rows(
+            shards.epoch_order(val.rows, 0, "streams", 0), self.global_batch, self.rank, self.world
+        )
         for x, y in shards.batches(val, rows, self.per_worker):
             self.steps.eval_step(x, y)
         replica.reset_states(self.stateful)
-        return self.figures.collect(shards.steps_per_epoch(val.rows, self.batch), prefix="val_")
+        return self.figures.collect(shards.steps_per_epoch(val.rows, self.global_batch), prefix="val_")
 
-    def save(self, weights: list, epoch: int, step: int, batch: int, metrics: dict) -> None:
-        """Same decision on every rank (global figures); only rank 0 ships the weights."""
-        if not self.spec.checkpoint.enabled or not self.policy.should_save(metrics):
-            return
-        self.policy.note(metrics)
-        if self.client is not None:
-            self.client.save(weights, epoch, step, batch, metrics)
+    def save(self, weights: list, epoch: int, step: int, batch: int, logs: dict) -> None:
+        """Same decision on every rank (global logs); only rank 0 ships the weights."""
+        point = self.decision.save_point(epoch, step, batch, logs)
+        if point is not None and self.client is not None:
+            self.client.save(weights, point)

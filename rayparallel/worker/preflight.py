@@ -7,10 +7,11 @@ every worker.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from ..checkpoint.policy import check_against_metrics
+from ..model import build_model
+from ..quiet import import_tensorflow
 from ..spec import JobSpec
 from . import replica, shards
 
@@ -21,11 +22,11 @@ class Preflight:
     epoch_keys: list[str]  # the history keys each epoch will have
 
 
-def preflight(spec: JobSpec) -> Preflight:
+def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
     """Load the data, build the replica at the per-worker batch, resolve optimizer/loss/metrics."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import_tensorflow(verbose=native_logs)
     data = shards.load_data(spec.data, spec.train.global_batch_size)
-    model = replica.build_replica(spec.model, spec.per_worker_batch_size, spec.train.dtype_policy)
+    model = build_model(spec.model, spec.per_worker_batch_size, spec.train.dtype_policy)
     replica.make_optimizer(spec.train.optimizer)
     replica.per_sample_loss(spec.train.loss)
     metrics = replica.make_metrics(spec.train.metrics, spec.train.loss, data.train.y, tuple(model.outputs[0].shape))

@@ -1,54 +1,23 @@
-"""Build this worker's replica and the pieces `compile` would have given it.
+"""The pieces `compile` would have given this worker's replica: optimizer, loss, metrics.
 
-The replica is built by the user's builder with the per-worker batch, inside the
-strategy's scope. Loss and metrics are resolved the way `Model.compile` resolves their
+The replica itself is built by `rayparallel.model.build_model` with the per-worker batch,
+inside the strategy's scope. Loss and metrics are resolved the way `Model.compile` resolves their
 names, so history keys match what Keras users see from `fit`.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from ..errors import ModelError, SpecError, describe
-from ..spec import ModelSpec
-from ..spec.references import resolve
+from ..errors import SpecError
 
-
-def build_replica(spec: ModelSpec, batch_size: int, dtype_policy: str = "float32") -> Any:
-    """`builder(batch_size=..., **kwargs)`, checked to be a Keras model built for that batch."""
+if TYPE_CHECKING:
     import keras
-
-    builder = resolve(spec.builder, "model.builder")
-    with _dtype_policy(dtype_policy):
-        model = builder(batch_size=batch_size, **spec.kwargs)
-    if not isinstance(model, keras.Model):
-        raise ModelError(f"model.builder: expected a keras.Model, received {describe(model)} from {spec.builder!r}")
-    for tensor in model.inputs:
-        fixed = tensor.shape[0]
-        if fixed is not None and fixed != batch_size:
-            raise ModelError(
-                f"model.builder: expected a model with batch size {batch_size} (the per-worker batch), "
-                f"received input {tensor.name!r} with fixed batch {fixed}; build keras.Input(batch_shape=(batch_size, ...))"
-            )
-    return model
+    import numpy as np
 
 
-@contextlib.contextmanager
-def _dtype_policy(name: str) -> Iterator[None]:
-    """Layers built inside compute in `name` ("mixed_float16": float16 math, float32 weights)."""
-    import keras
-
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(name)
-    try:
-        yield
-    finally:
-        keras.config.set_dtype_policy(previous)
-
-
-def use_jit(setting: bool | str, model: Any) -> bool:
+def use_jit(setting: bool | str, model: keras.Model) -> bool:
     """`train.jit_compile`: "auto" is Keras' own rule: XLA on GPU workers when every layer supports it
     (on CPUs XLA made this machine's VGG step 35% slower)."""
     import tensorflow as tf
@@ -59,21 +28,21 @@ def use_jit(setting: bool | str, model: Any) -> bool:
     return bool(tf.config.list_physical_devices("GPU")) and layers_ok
 
 
-def batch_shapes(model: Any) -> list[list]:
+def batch_shapes(model: keras.Model) -> list[list]:
     """The input shapes the replica was built with, as plain lists for result.json."""
     return [list(t.shape) for t in model.inputs]
 
 
-def stateful_layers(model: Any) -> list:
+def stateful_layers(model: keras.Model) -> list[keras.layers.Layer]:
     return [layer for layer in model._flatten_layers() if getattr(layer, "stateful", False)]
 
 
-def reset_states(layers: list) -> None:
+def reset_states(layers: list[keras.layers.Layer]) -> None:
     for layer in layers:
         layer.reset_state()
 
 
-def make_optimizer(identifier: Any) -> Any:
+def make_optimizer(identifier: str | dict) -> keras.optimizers.Optimizer:
     import keras
 
     try:
@@ -84,7 +53,7 @@ def make_optimizer(identifier: Any) -> Any:
         ) from None
 
 
-def per_sample_loss(identifier: Any) -> Callable:
+def per_sample_loss(identifier: str | dict) -> Callable:
     """A function (y_true, y_pred) -> one loss value per row, before any batch reduction."""
     import keras
     from keras import ops
@@ -111,7 +80,9 @@ def per_sample_loss(identifier: Any) -> Callable:
 _ACCURACY = ("accuracy", "acc")
 
 
-def make_metrics(identifiers: list, loss: Any, y_example: Any, output_shape: tuple) -> list:
+def make_metrics(
+    identifiers: list, loss: str | dict, y_example: np.ndarray, output_shape: tuple
+) -> list[keras.metrics.Metric]:
     """Keras metric objects, named as `compile(metrics=...)` names them in the history."""
     import keras
 
@@ -138,7 +109,7 @@ def make_metrics(identifiers: list, loss: Any, y_example: Any, output_shape: tup
     return metrics
 
 
-def _accuracy(name: str, loss: Any, y_example: Any, output_shape: tuple) -> Any:
+def _accuracy(name: str, loss: str | dict, y_example: np.ndarray, output_shape: tuple) -> keras.metrics.Metric:
     """The accuracy Keras' compile picks for this loss and these shapes."""
     import keras
 

@@ -11,9 +11,14 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import keras
+    import ray.train
+    import tensorflow as tf
 
 STATE, META = "state.npz", "meta.json"
 
@@ -31,7 +36,7 @@ def snapshot(variables: list) -> list:
     return [tf.identity(v.value) for v in variables]
 
 
-def to_checkpoint(weights: list, optimizer_values: list, meta: dict) -> Any:
+def to_checkpoint(weights: list, optimizer_values: list, meta: dict) -> ray.train.Checkpoint:
     """A `ray.train.Checkpoint` in a fresh temp folder (Ray copies it to storage_path)."""
     import ray.train
 
@@ -43,7 +48,12 @@ def to_checkpoint(weights: list, optimizer_values: list, meta: dict) -> Any:
     return ray.train.Checkpoint.from_directory(str(folder))
 
 
-def restore(checkpoint: Any, strategy: Any, model: Any, optimizer: Any) -> dict | None:
+def restore(
+    checkpoint: ray.train.Checkpoint | None,
+    strategy: tf.distribute.Strategy,
+    model: keras.Model,
+    optimizer: keras.optimizers.Optimizer,
+) -> dict | None:
     """Load resume state into the replica and optimizer; returns its meta, or None."""
     if checkpoint is None:
         return None

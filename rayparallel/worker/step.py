@@ -13,11 +13,15 @@ for `mixed_float16`, decided on global figures so every worker skips the same st
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .sync import Reducer
+
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
 
 
 class Steps:
@@ -25,9 +29,9 @@ class Steps:
 
     def __init__(
         self,
-        strategy: Any,
-        model: Any,
-        optimizer: Any,
+        strategy: tf.distribute.Strategy,
+        model: keras.Model,
+        optimizer: keras.optimizers.Optimizer,
         loss_rows: Callable,
         metrics: list,
         global_batch_size: int,
@@ -74,7 +78,7 @@ class Steps:
         self.train_step = tf.function(lambda x, y: strategy.run(train_replica, args=(x, y)))
         self.eval_step = tf.function(lambda x, y: strategy.run(eval_replica, args=(x, y)))
 
-    def _record(self, loss: Any, y: Any, y_pred: Any) -> None:
+    def _record(self, loss: tf.Tensor, y: tf.Tensor, y_pred: tf.Tensor) -> None:
         import tensorflow as tf
 
         self.loss_total.assign_add(tf.cast(loss, tf.float64))
@@ -104,7 +108,7 @@ class LossScale:
         self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.growth_steps = growth_steps
 
-    def apply(self, optimizer: Any, scaled_grads: list, variables: list) -> None:
+    def apply(self, optimizer: keras.optimizers.Optimizer, scaled_grads: list, variables: list) -> None:
         import tensorflow as tf
 
         grads = [g / tf.cast(self.value, g.dtype) for g in scaled_grads]

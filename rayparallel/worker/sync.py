@@ -7,9 +7,12 @@ Gradients are all-reduced by the Keras optimizer's `apply_gradients` inside
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 
 def configure_threads(cpus_per_worker: float) -> None:
@@ -21,7 +24,7 @@ def configure_threads(cpus_per_worker: float) -> None:
     tf.config.threading.set_inter_op_parallelism_threads(threads)
 
 
-def make_strategy(use_gpu: bool, timeout_s: float) -> Any:
+def make_strategy(use_gpu: bool, timeout_s: float) -> tf.distribute.MultiWorkerMirroredStrategy:
     """MWMS with NCCL on GPUs and the ring on CPUs; a dead peer fails a collective after `timeout_s`."""
     import tensorflow as tf
 
@@ -37,7 +40,7 @@ def make_strategy(use_gpu: bool, timeout_s: float) -> Any:
 class Reducer:
     """Sums a list of NumPy arrays over all workers in one collective (every rank must call)."""
 
-    def __init__(self, strategy: Any):
+    def __init__(self, strategy: tf.distribute.Strategy):
         import tensorflow as tf
 
         self._strategy = strategy

@@ -1,15 +1,14 @@
-"""The checkpoint actor: the one process that writes the run's files and owns its MLflow run.
+"""The run's recorder: the one process that writes the run's files and owns its MLflow run.
 
-Rank 0 hands it the base model's weights (NumPy arrays through Ray's object store) and the
-global figures of each epoch; every rank registers itself once. The actor rebuilds the base
-architecture with the user's builder (any batch size loads the same weights), so what it
-writes is a plain Keras `.weights.h5` of the base model: never a wrapper, never one file
-per worker. Writes run in the actor's own `io` thread, in order, while training goes on;
+Rank 0 hands it save points with the base model's weights (NumPy arrays through Ray's
+object store) and the global logs of each epoch; every rank registers itself once; the
+driver drains its progress events and reads the summary at the end. Checkpoint files are
+the :class:`CheckpointWriter`'s job, MLflow the :class:`MlflowRun`'s; this class only routes
+and remembers. Writes run in the actor's own `io` thread, in order, while training goes on;
 progress and history calls use another thread so the console stays live during a write.
 It is pinned to the driver's node and works in the driver's folder, so the paths it writes
 (and MLflow's default sqlite store) are the driver's. Tracking calls only queue records for
-the MLflow thread (see `tracking.mlflow_run`), so a slow or absent server never holds up
-training.
+the MLflow thread, so a slow or absent server never holds up training.
 """
 
 from __future__ import annotations
@@ -17,40 +16,37 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
+from ..checkpoint.policy import Saved
+from ..checkpoint.writer import CheckpointWriter
+from ..secrets import mask_text
 from ..spec import JobSpec
 from ..spec.references import add_search_path
 from ..tracking.mlflow_run import MlflowRun
 from ..tracking.params import run_params, worker_tags
-from .files import write_weights
-from .manifest import MANIFEST, model_recipe, write_manifest
-from .policy import Policy, Saved
 
-FINAL = "final.weights.h5"
+if TYPE_CHECKING:
+    import numpy as np
 
 
-class CheckpointWriter:
+class RunRecorder:
+    writer_class = CheckpointWriter  # a test swaps in a slow disk here
+
     def __init__(self, spec: JobSpec, checkpoint_dir: str, search_path: list[str], tracking: dict | None = None):
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         if search_path and os.path.isdir(search_path[0]):
             os.chdir(search_path[0])
         add_search_path(search_path)
         self._spec = spec
-        self._dir = Path(checkpoint_dir)
-        self._model = None  # the base architecture, built on first save
+        self._writer = self.writer_class(spec, Path(checkpoint_dir))
         self._lock = threading.Lock()
         self._events: list[dict] = []
         self._history: dict[int, dict] = {}
         self._workers: dict[int, dict] = {}
-        self._policy = Policy(spec.checkpoint)
-        self._final: Saved | None = None
-        self._final_values: list | None = None
         self._first_step_at: float | None = None
-        self._recipe: dict | None = None
-        self._model_lock = threading.Lock()
         threading.Thread(target=self._warm_up, daemon=True).start()
         self._tracking: MlflowRun | None = None
         if tracking:
@@ -100,33 +96,22 @@ class CheckpointWriter:
             self._first_step_at = self._first_step_at or at
 
     def best_value(self) -> float | None:
-        """The monitor's best so far, so a restarted rank 0 keeps `save_best_only` right."""
-        return self._policy.best
+        """The monitor's best among saved files, so a restarted rank 0 keeps `save_best_only` right."""
+        return self._writer.retention.best_value()
 
     @ray.method(concurrency_group="io")
-    def save_checkpoint(self, weights: list, epoch: int, step: int, batch: int, metrics: dict) -> str | None:
-        if not self._policy.should_save(metrics):
-            return None
-        name = self._policy.filename(epoch, step, batch, metrics)
-        self._write(weights, self._dir / name)
-        entry = Saved(file=name, epoch=epoch, step=step, metrics=dict(metrics))
-        for dropped in self._policy.record(entry):
-            if dropped.file != name:
-                (self._dir / dropped.file).unlink(missing_ok=True)
-        self._write_manifest()
+    def save_checkpoint(self, weights: list[np.ndarray], point: Saved) -> str:
+        path = self._writer.save(weights, point)
         with self._lock:
-            self._events.append({"kind": "checkpoint", "epoch": epoch, "file": str(self._dir / name)})
-        self._track_files(self._dir / name)
-        return str(self._dir / name)
+            self._events.append({"kind": "checkpoint", "epoch": point.epoch, "file": str(path)})
+        self._track_files(path)
+        return str(path)
 
     @ray.method(concurrency_group="io")
-    def save_final_weights(self, weights: list, epoch: int, step: int, metrics: dict) -> str:
-        self._write(weights, self._dir / FINAL)
-        self._final = Saved(file=FINAL, epoch=epoch, step=step, metrics=dict(metrics))
-        self._final_values = weights
-        self._write_manifest()
-        self._track_files(self._dir / FINAL)
-        return str(self._dir / FINAL)
+    def save_final_weights(self, weights: list[np.ndarray], point: Saved) -> str:
+        path = self._writer.save_final(weights, point)
+        self._track_files(path)
+        return str(path)
 
     # -- from the driver ----------------------------------------------------------------
     def tracking_info(self, timeout: float) -> dict | None:
@@ -138,7 +123,7 @@ class CheckpointWriter:
             "run_id": self._tracking.run_id,
             "url": self._tracking.url(),
             "started": started,
-            "tracking_uri": self._tracking.tracking_uri,
+            "tracking_uri": mask_text(self._tracking.tracking_uri),
             "experiment": self._tracking.experiment,
         }
 
@@ -148,8 +133,9 @@ class CheckpointWriter:
             return None
         for path in files:
             self._tracking.log_artifact(path)
-        if self._final_values is not None and status == "FINISHED":
-            self._tracking.log_model(self._exported_model, self._spec.mlflow.register_model)
+        if self._writer.final_weights is not None and status == "FINISHED":
+            batch_size = self._spec.mlflow.model_batch_size
+            self._tracking.log_model(lambda: self._writer.final_model(batch_size), self._spec.mlflow.register_model)
         unlogged = self._tracking.finish(status, self._spec.mlflow.flush_timeout_s)
         info = self.tracking_info(0)
         info.update(unlogged=unlogged, unlogged_path=str(self._tracking.unlogged_path) if unlogged else None)
@@ -161,20 +147,18 @@ class CheckpointWriter:
         return events
 
     def summary(self) -> dict[str, Any]:
+        writer = self._writer
         with self._lock:
             return {
                 "history": [self._history[e] for e in sorted(self._history)],
-                "final_weights": str(self._dir / FINAL) if self._final else None,
-                "checkpoint_dir": str(self._dir),
-                "checkpoints": [str(self._dir / s.file) for s in self._policy.saved],
+                "final_weights": str(writer.folder / writer.final.file) if writer.final else None,
+                "checkpoint_dir": str(writer.folder),
+                "checkpoints": [str(writer.folder / s.file) for s in writer.retention.saved],
                 "workers": [self._workers[r] for r in sorted(self._workers)],
                 "first_step_at": self._first_step_at,
             }
 
     # -- internals ----------------------------------------------------------------------
-    def _write(self, weights: list, path: Path) -> None:
-        write_weights(self._base_model(), weights, path)
-
     def _warn(self, text: str) -> None:
         with self._lock:
             self._events.append({"kind": "warning", "text": text})
@@ -182,35 +166,14 @@ class CheckpointWriter:
     def _track_files(self, weights_file: Path) -> None:
         if self._tracking:
             self._tracking.log_artifact(str(weights_file), "checkpoints")
-            self._tracking.log_artifact(str(self._dir / MANIFEST), "checkpoints")
-
-    def _exported_model(self) -> Any:
-        """The base model rebuilt at `mlflow.model_batch_size` with the final weights."""
-        from ..worker.replica import build_replica
-
-        model = build_replica(self._spec.model, self._spec.mlflow.model_batch_size)
-        model.set_weights(self._final_values)
-        return model
-
-    def _write_manifest(self) -> None:
-        if self._recipe is None:
-            self._recipe = model_recipe(self._spec)
-        write_manifest(self._dir, self._recipe, self._policy, self._final)
+            self._tracking.log_artifact(str(self._writer.manifest_path), "checkpoints")
 
     def _warm_up(self) -> None:
         """Import TensorFlow and build the model before the first save needs them."""
         try:
-            self._base_model()
+            self._writer.base_model()
         except Exception:  # the first save raises it again, where it can be reported
             pass
 
-    def _base_model(self) -> Any:
-        with self._model_lock:
-            if self._model is None:
-                from ..worker.replica import build_replica
 
-                self._model = build_replica(self._spec.model, self._spec.per_worker_batch_size)
-            return self._model
-
-
-CheckpointActor = ray.remote(num_cpus=0, concurrency_groups={"io": 1})(CheckpointWriter)
+RecorderActor = ray.remote(num_cpus=0, concurrency_groups={"io": 1})(RunRecorder)

@@ -1,0 +1,76 @@
+"""Writes the base model's weight files and the manifest: never a wrapper, never one per worker.
+
+It rebuilds the base architecture with the user's builder (any batch size loads the same
+weights), so each file is a plain Keras `.weights.h5`, written atomically. The recorder
+actor runs it in its own `io` thread while training goes on.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..files import atomic_write
+from ..model import build_model
+from ..spec import JobSpec
+from .manifest import MANIFEST, model_recipe, write_manifest
+from .policy import Retention, Saved
+
+if TYPE_CHECKING:
+    import keras
+    import numpy as np
+
+
+class CheckpointWriter:
+    def __init__(self, spec: JobSpec, folder: Path):
+        self.spec, self.folder = spec, folder
+        self.retention = Retention(spec.checkpoint)
+        self.final: Saved | None = None
+        self.final_weights: list[np.ndarray] | None = None
+        self._model: keras.Model | None = None  # the base architecture, built once
+        self._model_lock = threading.Lock()
+        self._recipe: dict | None = None
+
+    def save(self, weights: list[np.ndarray], point: Saved) -> Path:
+        """Write `point.file`, then delete what `keep` no longer keeps; returns the file."""
+        path = self.folder / point.file
+        self.write(weights, path)
+        for dropped in self.retention.record(point):
+            if dropped.file != point.file:
+                (self.folder / dropped.file).unlink(missing_ok=True)
+        self._write_manifest()
+        return path
+
+    def save_final(self, weights: list[np.ndarray], point: Saved) -> Path:
+        path = self.folder / point.file
+        self.write(weights, path)
+        self.final, self.final_weights = point, weights
+        self._write_manifest()
+        return path
+
+    def write(self, weights: list[np.ndarray], path: Path) -> None:
+        model = self.base_model()
+        model.set_weights(weights)
+        atomic_write(path, lambda partial: model.save_weights(str(partial)), "checkpoint.dir")
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.folder / MANIFEST
+
+    def final_model(self, batch_size: int) -> keras.Model:
+        """The base model rebuilt at `batch_size` with the final weights (what MLflow logs)."""
+        model = build_model(self.spec.model, batch_size)
+        model.set_weights(self.final_weights)
+        return model
+
+    def base_model(self) -> keras.Model:
+        with self._model_lock:
+            if self._model is None:
+                self._model = build_model(self.spec.model, self.spec.per_worker_batch_size)
+            return self._model
+
+    def _write_manifest(self) -> None:
+        if self._recipe is None:
+            self._recipe = model_recipe(self.spec)
+        write_manifest(self.folder, self._recipe, self.retention, self.final)

@@ -1,0 +1,51 @@
+"""Atomic file writes: a reader sees the previous file or the new one, never half of one.
+
+Each write goes to a hidden partial file in the same folder, then `os.replace` renames it.
+A failed write (permissions, full disk) leaves the previous file as it was and raises one
+line naming the setting the folder came from (`checkpoint.dir`, `--output-dir`, ...).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .errors import RayParallelError
+
+
+class WriteError(RayParallelError):
+    """A file could not be written; the earlier file of that name is untouched."""
+
+
+def ensure_writable(folder: Path, key: str) -> None:
+    """Fail before training when `folder` (set by `key`) cannot be created or written."""
+    if folder.exists() and not folder.is_dir():
+        raise WriteError(f"{key}: expected a folder, received {str(folder)!r} (an existing file)")
+    probe = folder / ".rayparallel-write-test"
+    atomic_write(probe, lambda partial: partial.write_bytes(b"ok"), key)
+    probe.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: Path, text: str, key: str) -> None:
+    atomic_write(path, lambda partial: partial.write_text(text), key)
+
+
+def atomic_write(path: Path, write: Callable[[Path], Any], key: str) -> None:
+    """`write(partial)` writes the content; then it replaces `path` in one rename."""
+    stem, dot, suffix = path.name.partition(".")
+    partial = path.with_name(f".{stem}.partial-{os.getpid()}{dot}{suffix}")  # keeps .weights.h5
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write(partial)
+        os.replace(partial, path)
+    except OSError as exc:
+        raise WriteError(
+            f"{key}: expected a writable folder with free space, received {str(path.parent)!r} "
+            f"({type(exc).__name__}: {exc.strerror or exc}); earlier files are intact"
+        ) from None
+    finally:
+        with contextlib.suppress(OSError):
+            partial.unlink()

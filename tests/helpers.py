@@ -1,0 +1,107 @@
+"""What the tests share: running the CLI as a user would, a real MLflow server, weight comparisons."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str, env: dict | None = None, cwd: Path = REPO, timeout: float = 600):
+    """Run `rayparallel ...` as a user would; returns the CompletedProcess."""
+    environment = {**os.environ, **(env or {})}
+    environment = {k: v for k, v in environment.items() if v != ""}  # "" unsets
+    return subprocess.run(
+        [sys.executable, "-m", "rayparallel.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=environment,
+    )
+
+
+def final_weights(path: str, builder: Callable) -> list[np.ndarray]:
+    """A run's weights file loaded into the base model built for batch 1 (any batch loads)."""
+    model = builder(batch_size=1)
+    model.load_weights(path)
+    return model.get_weights()
+
+
+def max_relative_error(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    """The largest difference between two weight lists, relative to each tensor's largest value in `b`."""
+    return max(float(np.max(np.abs(x - y)) / (np.max(np.abs(y)) + 1e-12)) for x, y in zip(a, b, strict=True))
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlflowServer:
+    """A real `mlflow server` on 127.0.0.1 with a sqlite store and a temporary artifact folder."""
+
+    def __init__(self, folder: Path):
+        self.port = free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.log = open(folder / "mlflow-server.log", "w")
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mlflow",
+                "server",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--backend-store-uri",
+                f"sqlite:///{folder}/mlflow.db",
+                "--artifacts-destination",
+                str(folder / "artifacts"),
+                "--workers",
+                "1",
+            ],
+            stdout=self.log,
+            stderr=self.log,
+            start_new_session=True,
+        )
+        self._wait_healthy()
+
+    def _wait_healthy(self, timeout: float = 90) -> None:
+        import time
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"mlflow server exited with {self.process.returncode}; see {self.log.name}")
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError(f"mlflow server not healthy after {timeout}s; see {self.log.name}")
+
+    def stop(self) -> None:
+        """Stop only this server (its own process group)."""
+        import signal
+
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except Exception:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.log.close()

@@ -1,0 +1,75 @@
+"""The package's folders follow the data's path and nothing imports upward (pure logic: reads source)."""
+
+from __future__ import annotations
+
+import ast
+
+from .helpers import REPO
+
+PACKAGE = REPO / "rayparallel"
+# A module may import its own floor and those below it, never a floor above.
+FLOORS = {
+    "errors": 0,
+    "secrets": 0,
+    "files": 0,
+    "quiet": 0,
+    "result": 0,
+    "version": 0,
+    "spec": 0,
+    "model": 1,  # the base model: used by workers, the recorder and export alike
+    "tracking": 2,
+    "checkpoint": 3,
+    "recorder": 4,
+    "worker": 5,
+    "cluster": 6,
+    "api": 7,
+    "cli": 7,
+    "__init__": 7,
+}
+
+
+def part_of(module: str) -> str:
+    """'rayparallel.checkpoint.writer' -> 'checkpoint'; 'rayparallel' -> '__init__'."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in FLOORS else "__init__"  # else a name from __init__
+
+
+def imports(path) -> set[str]:
+    """The rayparallel modules a file imports, at any depth (top level, in functions, TYPE_CHECKING)."""
+    module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    package = package.removesuffix(".__init__")
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            names = [target] if node.module else [f"{target}.{alias.name}" for alias in node.names]
+            found.update(name for name in names if name.startswith("rayparallel"))
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("rayparallel"))
+    return found
+
+
+def test_every_package_folder_has_an_init():
+    for folder in [p for p in PACKAGE.rglob("*") if p.is_dir() and p.name != "__pycache__"]:
+        assert (folder / "__init__.py").is_file(), folder
+
+
+def test_nothing_imports_upward():
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        own = path.relative_to(PACKAGE).with_suffix("").parts[0]
+        assert own in FLOORS, f"{path}: give its folder or module a floor in FLOORS"
+        for target in imports(path):
+            if FLOORS[part_of(target)] > FLOORS[own]:
+                upward.append(f"{path.relative_to(REPO)} imports {target}")
+    assert not upward, upward
+
+
+def test_checkpoint_code_imports_no_worker_code():
+    for path in (PACKAGE / "checkpoint").glob("*.py"):
+        assert not [t for t in imports(path) if part_of(t) == "worker"], path

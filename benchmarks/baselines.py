@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -158,10 +159,18 @@ def _sync_worker(config: dict) -> None:
         def raw(flat=flat):
             return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, tf.identity(flat))
 
-        runs = {
-            name: tf.function(lambda fn=fn: [strategy.run(fn) for _ in range(iterations)])
-            for name, fn in (("raw", raw), ("gradient_sync", gradient_sync))
-        }
+        def compressed_sync(grads=grads, wire=tf.float16):  # train.gradient_compression (worker/sync.py)
+            summed = tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, [tf.cast(g, wire) for g in grads]
+            )
+            return [tf.cast(s, tf.float32) for s in summed]
+
+        probes = [("raw", raw), ("gradient_sync", gradient_sync)]
+        probes += [
+            ("gradient_sync_fp16", compressed_sync),
+            ("gradient_sync_bf16", partial(compressed_sync, wire=tf.bfloat16)),
+        ]
+        runs = {name: tf.function(lambda fn=fn: [strategy.run(fn) for _ in range(iterations)]) for name, fn in probes}
         timings: dict[str, list[float]] = {name: [] for name in runs}
         for _ in range(config["repeats"] + 1):  # interleaved rounds; the first one traces
             for name, run in runs.items():
@@ -176,6 +185,8 @@ def _sync_worker(config: dict) -> None:
                 "bytes": int(flat.shape[0]) * 4,
                 "raw_allreduce_s": timings["raw"],
                 "gradient_sync_s": timings["gradient_sync"],
+                "gradient_sync_fp16_s": timings["gradient_sync_fp16"],
+                "gradient_sync_bf16_s": timings["gradient_sync_bf16"],
             }
         )
     if ray.train.get_context().get_world_rank() == 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -48,6 +49,19 @@ def train(
     >>> result = rayparallel.train("jobs/stateful_lstm.yaml", overrides=["train.epochs=2"])  # doctest: +SKIP
     >>> result.history[-1]["val_loss"]  # doctest: +SKIP
     """
+    return _train(spec, overrides, output_dir, verbose, worker_logs, resume, started_at=time.time())
+
+
+def _train(
+    spec: SpecSource,
+    overrides: Iterable[str],
+    output_dir: str | os.PathLike | None,
+    verbose: bool,
+    worker_logs: bool,
+    resume: bool | None,
+    started_at: float,
+) -> TrainResult:
+    """`train`, with the start-up clock's origin given (the CLI's: when its process started)."""
     job, checks = _checked(spec, overrides, native_logs=worker_logs)  # first: it imports TensorFlow quietly
 
     from .cluster.launch import Launch, checkpoint_dir, launch
@@ -56,7 +70,8 @@ def train(
     out = (Path(output_dir) if output_dir is not None else Path("runs") / job.name).resolve()
     ensure_writable(out, "--output-dir")
     ensure_writable(checkpoint_dir(job, out), "checkpoint.dir")
-    run = Launch(out, [os.getcwd()], checks.baselines, verbose=verbose, worker_logs=worker_logs, resume=resume)
+    run = Launch(out, [os.getcwd()], checks.baselines, verbose, worker_logs, resume, started_at=started_at)
+    run.mark("spec_checked")
     return launch(job, run)
 
 

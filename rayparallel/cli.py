@@ -97,11 +97,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             job = validate(args.job, args.overrides)
             print(f"{args.job}: valid ({job.scaling.num_workers} workers x batch {job.per_worker_batch_size})")
         else:
-            from .api import train
+            from .api import _train
+            from .startup import process_started_at
 
             signal.signal(signal.SIGTERM, _interrupt)  # `ray job stop` ends the run like Ctrl-C
             shown = args.worker_logs or args.debug  # --debug also shows TensorFlow's and the workers' output
-            train(args.job, args.overrides, output_dir=args.output_dir, worker_logs=shown, resume=args.resume)
+            _train(args.job, args.overrides, args.output_dir, True, shown, args.resume, process_started_at())
     except KeyboardInterrupt:
         return 130
     except RayParallelError as exc:

@@ -17,13 +17,14 @@ class TrainResult:
     final_weights: str
     workers: list[dict]
     output_dir: str
-    seconds: float
+    seconds: float  # from the command's start to the end, the clock of `startup`
     checkpoint_dir: str = ""
     checkpoints: list[str] = field(default_factory=list)
     baselines: dict = field(default_factory=dict)
     mlflow: dict = field(default_factory=dict)  # run_id, url, tracking_uri; `unlogged` if any
     first_step_at: float | None = None  # unix time rank 0 finished its first step
-    time_to_first_step_s: float | None = None  # from connecting to Ray (after preflight) to that step
+    time_to_first_step_s: float | None = None  # from the command's start to that step
+    startup: dict = field(default_factory=dict)  # phase -> seconds since the command started (rayparallel.startup)
 
     @property
     def final(self) -> dict[str, float]:

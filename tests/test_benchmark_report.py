@@ -16,6 +16,7 @@ def synthetic_figures() -> dict:
         "nosync_2w": [1900.0, 1800.0, 2000.0],
         "rp_1w": [1000.0, 800.0, 1000.0],
         "rp_2w": [1700.0, 1500.0, 1800.0],
+        "rp_2w_fp16": [1800.0, 1600.0, 1900.0],
     }
     sync = [
         {
@@ -24,6 +25,8 @@ def synthetic_figures() -> dict:
             "bytes": 2**20 * f // 8,
             "raw_allreduce_s": 1e-3 * f,
             "gradient_sync_s": 1.1e-3 * f,
+            "gradient_sync_fp16_s": 0.7e-3 * f,
+            "gradient_sync_bf16_s": 0.7e-3 * f,
         }
         for f in (8, 16, 32, 64)
     ]
@@ -33,7 +36,9 @@ def synthetic_figures() -> dict:
         "sync": sync,
         "sync_vs_raw_allreduce": 1.1,
         "checkpoint_stall_vs_sync_save": 0.001,
+        "sync_fp16_vs_none": 0.636,
         "time_to_first_step_s": 30.0,
+        "startup": {"spec_checked": 4.0, "ray_ready": 9.5, "first_step_done": 30.0},
         "checkpoint": {"parameters": 5e7, "actor_blocked_s": 1e-3, "sync_save_weights_s": 0.6, "full_save_s": 0.5},
     }
     figures.update(ratios(raw))
@@ -46,6 +51,8 @@ def test_ratios_are_taken_within_each_round_then_the_median():
     assert figures["overhead_vs_bare_ray"] == pytest.approx(1.01)  # not 1000/1000 from the medians
     assert figures["scaling_efficiency_2w_rounds"] == pytest.approx([0.85, 0.9375, 0.9])
     assert figures["scaling_efficiency_2w"] == pytest.approx(0.9)
+    assert figures["efficiency_vs_no_sync_2w_rounds"] == pytest.approx([1700 / 1900, 1500 / 1800, 0.9])
+    assert figures["efficiency_vs_no_sync_2w_fp16_rounds"] == pytest.approx([1800 / 1900, 1600 / 1800, 0.95])
     assert {name for name, *_ in RATIOS} <= set(figures)
 
 
@@ -58,6 +65,8 @@ def test_table_names_every_figure_and_plot_writes_a_png(tmp_path):
         "sync time vs raw all_reduce",
         "checkpoint stall",
         "time to first step",
+        "fp16 sync (target >= 0.85)",
+        "start-up phases of the fastest cold run (s since the command started): spec_checked 4.0, ray_ready 9.5",
         "1.010  [1.000-1.100]",
     ):
         assert line in text

@@ -15,6 +15,7 @@ FLOORS = {
     "quiet": 0,
     "result": 0,
     "version": 0,
+    "startup": 0,
     "spec": 0,
     "model": 1,  # the base model: used by workers, the recorder and export alike
     "tracking": 2,

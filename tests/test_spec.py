@@ -85,6 +85,11 @@ def test_overrides_are_yaml_typed_and_dotted():
         (BASE, ["train.initial_loss_scale=0"], "train.initial_loss_scale: expected a positive number, received 0.0"),
         (
             BASE,
+            ["train.gradient_compression=int8"],
+            "train.gradient_compression: expected one of ['none', 'fp16', 'bf16']",
+        ),
+        (
+            BASE,
             ["name=my run/1"],
             "name: expected letters, digits, '.', '_' or '-' (it names the output folder and the Ray run), "
             "received 'my run/1'",

@@ -26,6 +26,7 @@ from ..recorder.actor import RecorderActor
 from ..result import TrainResult
 from ..secrets import mask, mask_text
 from ..spec import JobSpec
+from ..startup import describe, relative
 from ..worker.loop import train_loop_per_worker
 from . import connect as cluster
 from .progress import ConsoleProgress, format_logs
@@ -45,12 +46,16 @@ class Launch:
     verbose: bool = True
     worker_logs: bool = False
     resume: bool | None = None  # True: continue the recorded run; False: fresh; None: resume if unfinished
-    started_at: float = 0.0  # when Ray was joined: the clock of time_to_first_step_s
+    started_at: float = field(default_factory=time.time)  # the command's start: the clock of `startup`
+    marks: dict[str, float] = field(default_factory=dict)  # the driver's start-up phases, unix time
+
+    def mark(self, phase: str) -> None:
+        self.marks.setdefault(phase, time.time())
 
 
 def launch(spec: JobSpec, run: Launch) -> TrainResult:
-    run.started_at = time.time()
     started_ray = cluster.connect(run.worker_logs)
+    run.mark("ray_ready")
     try:
         if started_ray or not os.environ.get("RAY_ADDRESS"):
             cluster.check_capacity(spec)
@@ -63,7 +68,6 @@ def launch(spec: JobSpec, run: Launch) -> TrainResult:
 
 def _fit(spec: JobSpec, run: Launch) -> TrainResult:
     output_dir = run.output_dir
-    started = time.perf_counter()
     say = print if run.verbose else (lambda *_: None)
     storage_path = spec.run.storage_path or str(output_dir / "ray_results")
     state, point = plan_run(spec.name, output_dir, storage_path, run.resume)
@@ -81,6 +85,7 @@ def _fit(spec: JobSpec, run: Launch) -> TrainResult:
         spec, str(checkpoint_dir(spec, output_dir)), run.search_path, _tracking_config(spec, output_dir, state)
     )
     tracking = ray.get(actor.tracking_info.remote(10.0))
+    run.mark("recorder_ready")
     if tracking:
         say(_tracking_line("started", tracking))
         state.mlflow_run_id = tracking["run_id"] or state.mlflow_run_id
@@ -126,16 +131,17 @@ def _fit(spec: JobSpec, run: Launch) -> TrainResult:
         raise _user_error(error, storage_path) or error
 
     summary = ray.get(actor.summary.remote())
+    startup = relative({**summary.pop("startup_marks"), **run.marks}, run.started_at)
     result = TrainResult(
         name=spec.name,
         output_dir=str(output_dir),
-        seconds=time.perf_counter() - started,
+        seconds=time.time() - run.started_at,
         baselines=run.baselines,
         mlflow=tracking or {},
+        startup=startup,
+        time_to_first_step_s=startup.get("first_step_done"),
         **summary,
     )
-    if result.first_step_at:
-        result.time_to_first_step_s = result.first_step_at - run.started_at
     result_file = result.write()
     result.mlflow = end("FINISHED", [job_file, result_file]) or {}
     result.write()
@@ -218,6 +224,7 @@ def _print_summary(result: TrainResult) -> None:
         f"\nrayparallel: {result.name} finished in {result.seconds:.1f}s on {len(result.workers)} workers"
         + (f" (first step after {result.time_to_first_step_s:.1f}s)" if result.time_to_first_step_s else "")
     )
+    print(f"  start-up (s since the command started): {describe(result.startup)}")
     print(f"  final: {format_logs(final)}")
     for name, figures in result.baselines.items():
         print(f"  baseline {name}: {format_logs(figures)}")

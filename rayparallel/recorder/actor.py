@@ -46,7 +46,7 @@ class RunRecorder:
         self._events: list[dict] = []
         self._history: dict[int, dict] = {}
         self._workers: dict[int, dict] = {}
-        self._first_step_at: float | None = None
+        self._startup: dict[str, float] = {}  # phase -> unix time, the first time it is reached
         threading.Thread(target=self._warm_up, daemon=True).start()
         self._tracking: MlflowRun | None = None
         if tracking:
@@ -60,6 +60,11 @@ class RunRecorder:
             complete = len(self._workers) == self._spec.scaling.num_workers
         if complete and self._tracking:
             self._tracking.set_tags(worker_tags(self._workers.values()))
+
+    def update_worker(self, rank: int, info: dict) -> None:
+        """More about a registered worker (its final weights' digest)."""
+        with self._lock:
+            self._workers.setdefault(rank, {"rank": rank}).update(info)
 
     def log_progress(self, epoch: int, step: int, steps: int, loss: float, samples_per_s: float) -> None:
         with self._lock:
@@ -90,10 +95,10 @@ class RunRecorder:
             for epoch, logs in enumerate(history, start=1):
                 self._history.setdefault(epoch, dict(logs))
 
-    def mark_first_step(self, at: float) -> None:
-        """Wall-clock time rank 0 finished its first training step (start-up cost)."""
+    def mark_phase(self, phase: str, at: float) -> None:
+        """Rank 0 reached a start-up phase (rayparallel.startup.PHASES) at unix time `at`."""
         with self._lock:
-            self._first_step_at = self._first_step_at or at
+            self._startup.setdefault(phase, at)
 
     def best_value(self) -> float | None:
         """The monitor's best among saved files, so a restarted rank 0 keeps `save_best_only` right."""
@@ -155,7 +160,8 @@ class RunRecorder:
                 "checkpoint_dir": str(writer.folder),
                 "checkpoints": [str(writer.folder / s.file) for s in writer.retention.saved],
                 "workers": [self._workers[r] for r in sorted(self._workers)],
-                "first_step_at": self._first_step_at,
+                "first_step_at": self._startup.get("first_step_done"),
+                "startup_marks": dict(self._startup),
             }
 
     # -- internals ----------------------------------------------------------------------

@@ -50,6 +50,8 @@ class TrainSpec:
     jit_compile: bool | Literal["auto"] = "auto"  # XLA for forward+backward; auto: on GPU workers only
     dtype_policy: Literal["float32", "mixed_float16", "mixed_bfloat16"] = "float32"  # Keras mixed precision
     initial_loss_scale: float = 32768.0  # mixed_float16 only: dynamic loss scaling starts here (Keras' default)
+    # The gradient all-reduce sends float16/bfloat16 (half the bytes) and casts back: not exact
+    gradient_compression: Literal["none", "fp16", "bf16"] = "none"
 
     @property
     def loss_scale(self) -> float | None:

@@ -32,6 +32,16 @@ def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
     return None
 
 
+def artifact_root(tracking_uri: str) -> str | None:
+    """For a sqlite store, artifacts beside the database (`<its folder>/mlruns`), wherever the
+    command runs; MLflow's own default is `./mlruns` of the process that creates the experiment.
+    For the default store (`sqlite:///mlflow.db` here) both are the same folder."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None  # a server decides (--artifacts-destination)
+    database = Path(tracking_uri.removeprefix("sqlite:///"))
+    return (database.resolve().parent / "mlruns").as_uri()
+
+
 class MlflowRun:
     def __init__(
         self,
@@ -156,7 +166,9 @@ class MlflowRun:
             else:
                 experiment = client.get_experiment_by_name(self.experiment)
                 self.experiment_id = (
-                    experiment.experiment_id if experiment else client.create_experiment(self.experiment)
+                    experiment.experiment_id
+                    if experiment
+                    else client.create_experiment(self.experiment, artifact_location=artifact_root(self.tracking_uri))
                 )
                 self.run_id = client.create_run(self.experiment_id, run_name=self.run_name).info.run_id
             self._started.set()

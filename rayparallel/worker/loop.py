@@ -22,7 +22,7 @@ from ..spec.references import add_search_path
 from . import replica, resume, shards
 from .cadence import ProgressCadence
 from .step import EpochFigures, Steps
-from .sync import Reducer, configure_threads, make_strategy
+from .sync import Reducer, compress_gradients, configure_threads, make_strategy
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -42,18 +42,24 @@ class WorkerRun:
         context = ray.train.get_context()
         self.rank, self.world = context.get_world_rank(), context.get_world_size()
         self.spec, self.actor, self.mlflow_run_id = spec, actor, mlflow_run_id
-        configure_threads(spec.scaling.resources_per_worker.get("CPU", 1))
+        self._mark("workers_started")
+        configure_threads(spec.scaling.resources_per_worker.get("CPU", 1))  # imports TensorFlow
+        self._mark("tensorflow_imported")
         self.strategy = make_strategy(spec.scaling.use_gpu, spec.run.collective_timeout_s)
+        self._mark("strategy_ready")
 
         import keras
 
         keras.utils.set_random_seed(spec.train.seed)
         self.global_batch, self.per_worker = spec.train.global_batch_size, spec.per_worker_batch_size
         self.data = shards.load_data(spec.data, self.global_batch)
+        self._mark("data_loaded")
         with self.strategy.scope():
             self.model = build_model(spec.model, self.per_worker, spec.train.dtype_policy)
             self.optimizer = replica.make_optimizer(spec.train.optimizer)
             self.optimizer.build(self.model.trainable_variables)  # not lazily inside the compiled step
+        compress_gradients(self.optimizer, spec.train.gradient_compression)
+        self._mark("replica_built")
         metrics = replica.make_metrics(
             spec.train.metrics, spec.train.loss, self.data.train.y, tuple(self.model.outputs[0].shape)
         )
@@ -132,6 +138,8 @@ class WorkerRun:
             )
 
         weights = self.model.get_weights()  # every rank reads, see resume.snapshot
+        # replicas in step hold identical weights: result.json shows each rank's digest
+        ray.get(self.actor.update_worker.remote(self.rank, {"final_weights_sha256": resume.digest(weights)}))
         if self.rank == 0:
             self.client.flush()
             epochs = self.spec.train.epochs
@@ -147,10 +155,14 @@ class WorkerRun:
         started = time.perf_counter()
         order = shards.epoch_order(self.data.train.rows, epoch - 1, spec.data.layout, spec.train.seed)
         rows = shards.worker_rows(order, self.global_batch, self.rank, self.world)
+        first = epoch == self.start_epoch + 1
         for step, (x, y) in enumerate(shards.batches(self.data.train, rows, self.per_worker), start=1):
+            if first and step == 1:
+                self.steps.train_step.get_concrete_function(x, y)  # trace apart from the run, to time both
+                self._mark("first_step_traced")
             self.steps.train_step(x, y)
-            if step == 1 and epoch == self.start_epoch + 1 and self.rank == 0:
-                self.actor.mark_first_step.remote(time.time())
+            if first and step == 1:
+                self._mark("first_step_done")
             global_step = (epoch - 1) * steps_per_epoch + step
             if self.cadence.due(step):
                 seconds = time.perf_counter() - started
@@ -165,6 +177,11 @@ class WorkerRun:
                 running = {"loss": self.figures.running_loss(step)}
                 self.save(resume.snapshot(self.model.weights), epoch, global_step, step, running)
         return self.figures.collect(steps_per_epoch)
+
+    def _mark(self, phase: str) -> None:
+        """Rank 0 tells the recorder when a start-up phase ended (rayparallel.startup)."""
+        if self.rank == 0:
+            self.actor.mark_phase.remote(phase, time.time())
 
     def _check_finite(self, epoch: int) -> None:
         """Every rank sees the same reduced figures, so all stop together, before any save."""

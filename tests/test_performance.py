@@ -1,0 +1,42 @@
+"""Gradient compression and start-up phases (real Ray, real TF); speed itself is measured by
+`python -m benchmarks.run`, not here."""
+
+from __future__ import annotations
+
+import pytest
+
+import rayparallel
+from rayparallel.startup import PHASES
+from tests.models import lstm_job
+
+from .helpers import final_weights, max_relative_error
+
+pytestmark = pytest.mark.slow
+
+LSTM = lstm_job("perf-lstm", "train.epochs=3", "mlflow.enabled=false", "checkpoint.enabled=false")
+
+
+@pytest.mark.parametrize("mode", ["fp16", "bf16"])
+def test_compressed_sync_trains_and_keeps_the_replicas_in_step(ray_address, tmp_path, mode):
+    from tests.models import stateful_lstm
+
+    result = rayparallel.train(LSTM, [f"train.gradient_compression={mode}"], output_dir=tmp_path / mode, verbose=False)
+    losses = [epoch["loss"] for epoch in result.history]
+    digests = {w["final_weights_sha256"] for w in result.workers}
+    print(f"{mode} sync: loss per epoch {[round(x, 4) for x in losses]}")
+    assert losses[-1] < 0.8 * losses[0]
+    assert len(result.workers) == 2 and len(digests) == 1  # both replicas hold the very same weights
+
+    startup = result.startup
+    assert list(startup) == list(PHASES)  # every phase, in order, on one clock
+    assert all(a <= b for a, b in zip(startup.values(), list(startup.values())[1:], strict=False))
+    assert 0 < startup["spec_checked"] and result.time_to_first_step_s == startup["first_step_done"]
+    assert startup["first_step_done"] < result.seconds
+
+    if mode == "fp16":  # not exact, but close to the float32 sync after 3 epochs
+        exact = rayparallel.train(LSTM, output_dir=tmp_path / "none", verbose=False)
+        drift = max_relative_error(
+            final_weights(result.final_weights, stateful_lstm), final_weights(exact.final_weights, stateful_lstm)
+        )
+        print(f"fp16 sync vs float32 sync after 3 epochs: max relative weight difference {drift:.2e}")
+        assert drift < 0.05

@@ -1,6 +1,6 @@
 """Run a validated job on Ray Train: workers, the run's recorder, progress, result.
 
-`TensorflowTrainer.fit()` blocks, so it runs in a thread while this thread prints the
+`DataParallelTrainer.fit()` (Ray Train, with our TensorFlow backend) blocks, so it runs in a thread while this thread prints the
 progress events the recorder collects from rank 0. The recorder actor is named
 `rayparallel:<ray run name>`, so a live run can be inspected with `ray.get_actor`.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 import ray
 import yaml
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-from ray.train.tensorflow import TensorflowTrainer
+from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ..errors import RayParallelError
@@ -29,11 +30,19 @@ from ..spec import JobSpec
 from ..startup import describe, relative
 from ..worker.loop import train_loop_per_worker
 from . import connect as cluster
+from .backend import TensorflowBackendConfig
 from .progress import ConsoleProgress, format_logs
 from .run_state import RunState, plan_run
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
+
+
+# Ray Train's controller polls the workers this often (default 2 s), and a worker's
+# `ray.train.report` waits for the poll that takes its previous report: with the default,
+# every epoch of a short-epoch job lasted at least 2 s (the default job: 30 s of waiting
+# for 5 s of training). A user's own setting wins.
+HEALTH_CHECK_INTERVAL = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
 
 
 @dataclass
@@ -84,20 +93,23 @@ def _fit(spec: JobSpec, run: Launch) -> TrainResult:
     actor = RecorderActor.options(name=f"rayparallel:{state.ray_run_name}", scheduling_strategy=here).remote(
         spec, str(checkpoint_dir(spec, output_dir)), run.search_path, _tracking_config(spec, output_dir, state)
     )
-    tracking = ray.get(actor.tracking_info.remote(10.0))
+    ray.get(actor.ping.remote())  # up; its MLflow run is created meanwhile, announced by an event
     run.mark("recorder_ready")
-    if tracking:
-        say(_tracking_line("started", tracking))
-        state.mlflow_run_id = tracking["run_id"] or state.mlflow_run_id
-        state.save(output_dir)
-    trainer = TensorflowTrainer(
+    progress = ConsoleProgress(spec.train.epochs) if run.verbose else None
+
+    def show(event: dict) -> None:
+        if event["kind"] == "mlflow":  # the run exists: say where, and record it for --resume
+            say(_tracking_line("started", event["info"]))
+            state.mlflow_run_id = event["info"]["run_id"]
+            state.save(output_dir)
+        elif progress:
+            progress.show(event)
+
+    os.environ.setdefault(*HEALTH_CHECK_INTERVAL)  # read from here by the controller (Ray propagates it)
+    trainer = DataParallelTrainer(
         train_loop_per_worker,
-        train_loop_config={
-            "spec": spec,
-            "actor": actor,
-            "search_path": run.search_path,
-            "mlflow_run_id": state.mlflow_run_id,
-        },
+        backend_config=TensorflowBackendConfig(),
+        train_loop_config={"spec": spec, "actor": actor, "search_path": run.search_path},
         scaling_config=ScalingConfig(
             num_workers=spec.scaling.num_workers,
             use_gpu=spec.scaling.use_gpu,
@@ -115,10 +127,11 @@ def _fit(spec: JobSpec, run: Launch) -> TrainResult:
     def end(status: str, files: list[Path]) -> dict | None:
         state.status = status
         state.save(output_dir)
+        ray.get(actor.writes_done.remote())  # saves rank 0 handed over before a failure are good epochs: keep them
         return ray.get(actor.finish.remote(status, [str(f) for f in files]))
 
     try:
-        error = _run_with_progress(trainer, actor, ConsoleProgress(spec.train.epochs) if run.verbose else None)
+        error = _run_with_progress(trainer, actor, show)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from `ray job stop` (see cli)
         end("KILLED", [job_file])
         say(
@@ -137,7 +150,7 @@ def _fit(spec: JobSpec, run: Launch) -> TrainResult:
         output_dir=str(output_dir),
         seconds=time.time() - run.started_at,
         baselines=run.baselines,
-        mlflow=tracking or {},
+        mlflow=ray.get(actor.tracking_info.remote(0)) or {},
         startup=startup,
         time_to_first_step_s=startup.get("first_step_done"),
         **summary,
@@ -152,9 +165,9 @@ def _fit(spec: JobSpec, run: Launch) -> TrainResult:
 
 
 def _run_with_progress(
-    trainer: TensorflowTrainer, actor: ActorHandle, progress: ConsoleProgress | None
+    trainer: DataParallelTrainer, actor: ActorHandle, show: Callable[[dict], None]
 ) -> BaseException | None:
-    """`trainer.fit()` in a thread; this thread prints the actor's events until it ends."""
+    """`trainer.fit()` in a thread; this thread shows the actor's events until it ends."""
     outcome: dict = {}
 
     def fit() -> None:
@@ -168,8 +181,7 @@ def _run_with_progress(
     while True:
         thread.join(timeout=0.5)
         for event in ray.get(actor.drain.remote()):
-            if progress:
-                progress.show(event)
+            show(event)
         if not thread.is_alive():
             return outcome.get("error")
 

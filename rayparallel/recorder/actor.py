@@ -47,8 +47,8 @@ class RunRecorder:
         self._history: dict[int, dict] = {}
         self._workers: dict[int, dict] = {}
         self._startup: dict[str, float] = {}  # phase -> unix time, the first time it is reached
-        threading.Thread(target=self._warm_up, daemon=True).start()
         self._tracking: MlflowRun | None = None
+        self._announced = False  # the driver was told the MLflow run exists
         if tracking:
             self._tracking = MlflowRun(notify=self._warn, **tracking)
             self._tracking.log_params(run_params(spec))
@@ -99,6 +99,8 @@ class RunRecorder:
         """Rank 0 reached a start-up phase (rayparallel.startup.PHASES) at unix time `at`."""
         with self._lock:
             self._startup.setdefault(phase, at)
+        if phase == "first_step_done":  # not earlier: on a small machine it would slow the workers' start
+            threading.Thread(target=self._warm_up, daemon=True).start()
 
     def best_value(self) -> float | None:
         """The monitor's best among saved files, so a restarted rank 0 keeps `save_best_only` right."""
@@ -119,6 +121,10 @@ class RunRecorder:
         return str(path)
 
     # -- from the driver ----------------------------------------------------------------
+    @ray.method(concurrency_group="io")
+    def writes_done(self) -> None:
+        """Returns once every save handed over before this call is written (the io group runs in order)."""
+
     def tracking_info(self, timeout: float) -> dict | None:
         """The MLflow run once it exists (waits up to `timeout`); None when tracking is off."""
         if not self._tracking:
@@ -146,9 +152,17 @@ class RunRecorder:
         info.update(unlogged=unlogged, unlogged_path=str(self._tracking.unlogged_path) if unlogged else None)
         return info
 
+    def ping(self) -> bool:
+        return True
+
     def drain(self) -> list[dict]:
+        """The events since the last call; first, once, `mlflow` when the MLflow run exists."""
+        announce = self._tracking is not None and not self._announced and self._tracking.wait_started(0)
         with self._lock:
             events, self._events = self._events, []
+        if announce:
+            self._announced = True
+            events.insert(0, {"kind": "mlflow", "info": self.tracking_info(0)})
         return events
 
     def summary(self) -> dict[str, Any]:

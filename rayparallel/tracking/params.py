@@ -24,9 +24,12 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, str]:
 
 
 def run_params(spec: JobSpec) -> dict[str, str]:
-    import keras
-    import ray
-    import tensorflow as tf
+    """The flattened spec (secrets masked), the worker layout and the versions that ran it.
+
+    Versions come from the installed packages' metadata: importing TensorFlow here would cost
+    the recorder seconds of CPU while the workers start.
+    """
+    from importlib.metadata import version
 
     from ..version import __version__
 
@@ -35,9 +38,9 @@ def run_params(spec: JobSpec) -> dict[str, str]:
         {
             "num_workers": str(spec.scaling.num_workers),
             "per_worker_batch_size": str(spec.per_worker_batch_size),
-            "version.ray": ray.__version__,
-            "version.tensorflow": tf.__version__,
-            "version.keras": keras.__version__,
+            "version.ray": version("ray"),
+            "version.tensorflow": version("tensorflow"),
+            "version.keras": version("keras"),
             "version.rayparallel": __version__,
         }
     )

@@ -29,19 +29,19 @@ if TYPE_CHECKING:
 
 
 def train_loop_per_worker(config: dict) -> None:
-    """Entry point handed to `TensorflowTrainer(train_loop_per_worker=...)`."""
+    """Entry point handed to Ray Train (`DataParallelTrainer(train_loop_per_worker=...)`)."""
     add_search_path(config["search_path"])
-    WorkerRun(config["spec"], config["actor"], config.get("mlflow_run_id")).fit()
+    WorkerRun(config["spec"], config["actor"]).fit()
 
 
 class WorkerRun:
-    def __init__(self, spec: JobSpec, actor: ActorHandle, mlflow_run_id: str | None = None):
+    def __init__(self, spec: JobSpec, actor: ActorHandle):
         import ray
         import ray.train
 
         context = ray.train.get_context()
         self.rank, self.world = context.get_world_rank(), context.get_world_size()
-        self.spec, self.actor, self.mlflow_run_id = spec, actor, mlflow_run_id
+        self.spec, self.actor = spec, actor
         self._mark("workers_started")
         configure_threads(spec.scaling.resources_per_worker.get("CPU", 1))  # imports TensorFlow
         self._mark("tensorflow_imported")
@@ -128,7 +128,7 @@ class WorkerRun:
                 self.save(weights, epoch, epoch * self.steps_per_epoch, self.steps_per_epoch, logs)
             checkpoint = None
             if self.rank == 0:
-                meta = {"epoch": epoch, "history": self.history, "mlflow_run_id": self.mlflow_run_id}
+                meta = {"epoch": epoch, "history": self.history}
                 checkpoint = resume.to_checkpoint(weights, optimizer_values, meta)
             ray.train.report(
                 dict(logs, epoch=epoch),

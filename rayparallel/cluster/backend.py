@@ -1,0 +1,60 @@
+"""Ray Train's TensorFlow backend, without importing TensorFlow where it is not needed.
+
+Ray's `TensorflowTrainer` does two things: it writes `TF_CONFIG` on each worker (every
+worker's address, this worker's index) so MultiWorkerMirroredStrategy finds its peers, and
+it imports `ray.train.tensorflow`, whose package imports TensorFlow. The second happens in
+Ray Train's controller too, which never runs TensorFlow: seconds of CPU at the start of
+every run, while the workers start on the same cores. This backend does the first alone,
+exactly as Ray's `_TensorflowBackend` does, and the run uses Ray's generic data-parallel
+trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import ray
+from ray.train.backend import Backend, BackendConfig
+from ray.train.v2._internal.util import TrainingFramework  # what Ray Train's state export records
+
+if TYPE_CHECKING:
+    from ray.train._internal.base_worker_group import BaseWorkerGroup
+
+
+@dataclass
+class TensorflowBackendConfig(BackendConfig):
+    @property
+    def backend_cls(self) -> type[Backend]:
+        return _TensorflowBackend
+
+    @property
+    def framework(self) -> TrainingFramework:
+        return TrainingFramework.TENSORFLOW
+
+
+def _worker_address() -> str:
+    from ray._common.network_utils import build_address
+    from ray.train._internal.utils import get_address_and_port
+
+    return build_address(*get_address_and_port())
+
+
+def _write_tf_config(worker_addresses: list[str], index: int) -> None:
+    os.environ["TF_CONFIG"] = json.dumps(
+        {"cluster": {"worker": worker_addresses}, "task": {"type": "worker", "index": index}}
+    )
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"  # as Ray sets it: `tf.keras` is legacy; rayparallel uses `keras`
+
+
+class _TensorflowBackend(Backend):
+    def on_start(self, worker_group: BaseWorkerGroup, backend_config: TensorflowBackendConfig) -> None:
+        addresses = worker_group.execute(_worker_address)
+        ray.get(
+            [
+                worker_group.execute_single_async(i, _write_tf_config, worker_addresses=addresses, index=i)
+                for i in range(len(worker_group))
+            ]
+        )

@@ -20,11 +20,19 @@ from .helpers import REPO, cli, free_port, max_relative_error
 pytestmark = pytest.mark.slow
 
 AUTH = {"RAY_AUTH_MODE": "token"}
+PORT_FLAGS = (
+    "node-manager-port",
+    "object-manager-port",
+    "dashboard-agent-listen-port",
+    "dashboard-agent-grpc-port",
+    "runtime-env-agent-port",
+    "metrics-export-port",
+)
 
 
 def ray_start(*args: str, log, worker_ports: int) -> subprocess.Popen:
     """`ray start --block` on free ports; worker ports above Linux's ephemeral range (no clashes)."""
-    ports = [free_port() for _ in range(6)]
+    ports = [free_port() for _ in PORT_FLAGS]
     low = worker_ports
     command = [
         sys.executable,
@@ -35,18 +43,7 @@ def ray_start(*args: str, log, worker_ports: int) -> subprocess.Popen:
         "--disable-usage-stats",
         "--node-ip-address",
         "127.0.0.1",
-        "--node-manager-port",
-        str(ports[0]),
-        "--object-manager-port",
-        str(ports[1]),
-        "--dashboard-agent-listen-port",
-        str(ports[2]),
-        "--dashboard-agent-grpc-port",
-        str(ports[3]),
-        "--runtime-env-agent-port",
-        str(ports[4]),
-        "--metrics-export-port",
-        str(ports[5]),
+        *[arg for flag, port in zip(PORT_FLAGS, ports, strict=True) for arg in (f"--{flag}", str(port))],
         "--min-worker-port",
         str(low),
         "--max-worker-port",

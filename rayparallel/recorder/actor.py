@@ -99,8 +99,6 @@ class RunRecorder:
         """Rank 0 reached a start-up phase (rayparallel.startup.PHASES) at unix time `at`."""
         with self._lock:
             self._startup.setdefault(phase, at)
-        if phase == "first_step_done":  # not earlier: on a small machine it would slow the workers' start
-            threading.Thread(target=self._warm_up, daemon=True).start()
 
     def best_value(self) -> float | None:
         """The monitor's best among saved files, so a restarted rank 0 keeps `save_best_only` right."""
@@ -187,13 +185,6 @@ class RunRecorder:
         if self._tracking:
             self._tracking.log_artifact(str(weights_file), "checkpoints")
             self._tracking.log_artifact(str(self._writer.manifest_path), "checkpoints")
-
-    def _warm_up(self) -> None:
-        """Import TensorFlow and build the model before the first save needs them."""
-        try:
-            self._writer.base_model()
-        except Exception:  # the first save raises it again, where it can be reported
-            pass
 
 
 RecorderActor = ray.remote(num_cpus=0, concurrency_groups={"io": 1})(RunRecorder)

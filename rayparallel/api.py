@@ -62,12 +62,22 @@ def _train(
     started_at: float,
 ) -> TrainResult:
     """`train`, with the start-up clock's origin given (the CLI's: when its process started)."""
-    job, checks = _checked(spec, overrides, native_logs=worker_logs)  # first: it imports TensorFlow quietly
+    from .cluster.run_state import differences, resumed_spec
+
+    overrides = list(overrides)
+    requested = load_spec(spec, overrides)
+    out = (Path(output_dir) if output_dir is not None else Path("runs") / requested.name).resolve()
+    recorded = resumed_spec(requested.to_dict(), overrides, out, resume)  # a resume continues its own job.yaml
+    if recorded is not None and verbose and differences(recorded, requested.to_dict()):
+        print(
+            f"rayparallel: resuming the job recorded in {out / 'job.yaml'}, not the given one, which differs in "
+            + ", ".join(differences(recorded, requested.to_dict()))
+        )
+    job, checks = _checked(recorded or requested, (), native_logs=worker_logs)  # imports TensorFlow quietly
 
     from .cluster.launch import Launch, checkpoint_dir, launch
     from .files import ensure_writable
 
-    out = (Path(output_dir) if output_dir is not None else Path("runs") / job.name).resolve()
     ensure_writable(out, "--output-dir")
     ensure_writable(checkpoint_dir(job, out), "checkpoint.dir")
     run = Launch(out, [os.getcwd()], checks.baselines, verbose, worker_logs, resume, started_at=started_at)

@@ -65,6 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("checkpoint", help="a .weights.h5 file or a checkpoint folder (then its best file)")
     export.add_argument("--batch-size", type=int, default=1, help="batch size of the exported model (default 1)")
     export.add_argument("--out", required=True, help="output .keras file")
+    export.add_argument(
+        "--unlisted", action="store_true", help="accept a weights file the folder's manifest does not list"
+    )
     return parser
 
 
@@ -89,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "export":
             from .checkpoint.export import export
 
-            path = export(args.checkpoint, args.out, args.batch_size)
+            path = export(args.checkpoint, args.out, args.batch_size, args.unlisted)
             print(f"exported {args.checkpoint} at batch size {args.batch_size} to {path}")
         elif args.command == "validate":
             from .api import validate

@@ -88,16 +88,18 @@ def test_export_errors_are_one_line(trained, tmp_path):
     corrupt.mkdir()
     (corrupt / "manifest.json").write_text(open(f"{trained.checkpoint_dir}/manifest.json").read())
     (corrupt / "x.weights.h5").write_bytes(b"not hdf5")
+    with pytest.raises(RayParallelError, match=r"expected a weights file that .*manifest.json' lists, received .*x"):
+        rayparallel.load_model(corrupt / "x.weights.h5")  # not listed: an earlier run's file, maybe another model
     with pytest.raises(
         RayParallelError, match="expected a Keras .weights.h5 \\(HDF5\\) file, received .*corrupt or not HDF5"
     ):
-        rayparallel.load_model(corrupt / "x.weights.h5")
+        rayparallel.load_model(corrupt / "x.weights.h5", unlisted=True)
     manifest = json.loads(open(f"{trained.checkpoint_dir}/manifest.json").read())
     manifest["model"]["kwargs"] = {"units": 9}  # the builder no longer matches the weights
     (corrupt / "manifest.json").write_text(json.dumps(manifest))
     (corrupt / "w.weights.h5").write_bytes(open(trained.final_weights, "rb").read())
     with pytest.raises(RayParallelError, match="expected weights matching the model of tests.models:stateful_lstm"):
-        rayparallel.load_model(corrupt / "w.weights.h5")
+        rayparallel.load_model(corrupt / "w.weights.h5", unlisted=True)
     run = cli("export", str(tmp_path / "missing"), "--out", str(tmp_path / "m.keras"))
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "not found" in run.stderr
 

@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -132,7 +133,12 @@ def test_resume_continues_the_same_run_exactly_and_fresh_starts_anew(uninterrupt
     store = f"sqlite:///{tmp_path}/mlflow.db"
     spec = dict(LSTM, name="fault-resume", mlflow={"tracking_uri": store})
     first = rayparallel.train(spec, ["train.epochs=3"], output_dir=out)
-    resumed = rayparallel.train(spec, output_dir=out, resume=True)  # 5 epochs: continues after epoch 3
+    with pytest.raises(RayParallelError) as refused:  # a resume continues the recorded job: no other model
+        rayparallel.train(spec, ["train.epochs=5", "data.kwargs.windows=10"], output_dir=out, resume=True)
+    assert str(refused.value).startswith(
+        "--set data.kwargs.windows: expected only settings a resume may change (train.epochs, "
+    )
+    resumed = rayparallel.train(spec, ["train.epochs=5"], output_dir=out, resume=True)  # continues after epoch 3
     printed = capsys.readouterr().out
     assert "resuming fault-resume-" in printed and "after epoch 3" in printed
     assert resumed.mlflow["run_id"] == first.mlflow["run_id"]
@@ -141,12 +147,18 @@ def test_resume_continues_the_same_run_exactly_and_fresh_starts_anew(uninterrupt
     print(f"resume 3 -> 5 epochs vs uninterrupted 5: max relative weight error {error:.2e}")
     assert error < 1e-5
     fresh = rayparallel.train(spec, ["train.epochs=1"], output_dir=out, resume=False)
-    assert "(fresh)" in capsys.readouterr().out and fresh.mlflow["run_id"] != first.mlflow["run_id"]
+    printed = capsys.readouterr().out
+    assert "(fresh)" in printed and fresh.mlflow["run_id"] != first.mlflow["run_id"]
+    assert "moved 7 files of an earlier run aside" in printed  # 5 epochs, final, manifest: not beside the new ones
+    ckpts = out / "checkpoints"
+    assert sorted(p.name for p in ckpts.glob("*.weights.h5")) == ["epoch-001.weights.h5", "final.weights.h5"]
+    (earlier,) = ckpts.glob("earlier-*")
+    assert len(list(earlier.glob("epoch-*.weights.h5"))) == 5 and (earlier / "manifest.json").is_file()
     with pytest.raises(RayParallelError, match="--resume: expected a previous run with a saved epoch in"):
         rayparallel.train(spec, output_dir=tmp_path / "empty", resume=True)
 
 
-def test_ctrl_c_ends_the_run_cleanly(ray_address, tmp_path):
+def test_a_second_run_is_refused_and_ctrl_c_ends_the_run_cleanly(ray_address, tmp_path):
     import subprocess
     import sys
 
@@ -157,7 +169,8 @@ def test_ctrl_c_ends_the_run_cleanly(ray_address, tmp_path):
 
     store = f"sqlite:///{tmp_path}/mlflow.db"
     job = tmp_path / "job.yaml"
-    job.write_text(__import__("yaml").safe_dump(dict(LSTM, name="fault-sigint", mlflow={"tracking_uri": store})))
+    long = dict(LSTM, name="fault-sigint", mlflow={"tracking_uri": store}, train=dict(LSTM["train"], epochs=500))
+    job.write_text(__import__("yaml").safe_dump(long))
     cli = subprocess.Popen(
         [sys.executable, "-m", "rayparallel.cli", "train", str(job), "--output-dir", str(tmp_path / "out")],
         cwd=REPO,
@@ -171,6 +184,20 @@ def test_ctrl_c_ends_the_run_cleanly(ray_address, tmp_path):
         seen.append(line)
         if line.startswith("Epoch 1/"):
             break
+    out = tmp_path / "out"
+    before = {name: (out / name).read_bytes() for name in ("run.json", "job.yaml")}
+    second = subprocess.run(  # the same job again into the live run's folder
+        [sys.executable, "-m", "rayparallel.cli", "train", str(job), "--output-dir", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RAY_ADDRESS": ray_address},
+        timeout=300,
+    )
+    assert second.returncode == 2, second.stderr[-2000:]
+    assert second.stderr.strip().startswith("rayparallel: error: --output-dir: expected a folder no live run is")
+    assert "held by job 'fault-sigint', pid " in second.stderr and second.stderr.strip().count("\n") == 0
+    assert {name: (out / name).read_bytes() for name in before} == before  # nothing changed there
     cli.send_signal(signal.SIGINT)
     rest, _ = cli.communicate(timeout=120)
     output = "".join(seen) + rest
@@ -185,3 +212,31 @@ def test_ctrl_c_ends_the_run_cleanly(ray_address, tmp_path):
     assert not [
         a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("rayparallel:fault-sigint")
     ]
+
+
+def test_damaged_resume_state_falls_back_to_the_newest_intact_checkpoint_on_any_worker_count(
+    uninterrupted, tmp_path, capsys
+):
+    out = tmp_path / "out"
+    spec = dict(LSTM, name="fault-damaged")
+    rayparallel.train(spec, ["train.epochs=3"], output_dir=out, verbose=False)  # keeps epochs 2 and 3 (num_to_keep 2)
+    recorded = json.loads((out / "run.json").read_text())
+    folders = Path(recorded["storage_path"]) / recorded["ray_run_name"]
+    (folders / "epoch-0003" / "state.npz").write_bytes(b"garbage, as a crash mid-write leaves it")
+    more = ["train.epochs=5", "scaling.num_workers=3"]  # and on another worker count: the same model
+    resumed = rayparallel.train(dict(spec, name="renamed"), more, output_dir=out, resume=True)
+    printed = capsys.readouterr().out
+    assert "resuming the job recorded in" in printed and "differs in name" in printed  # the recorded job goes on
+    assert [w["batch_shape"] for w in resumed.workers] == [[[2, 5, 2]]] * 3
+    assert "skipped a damaged resume checkpoint, epoch-0003: state.npz does not match its checksum" in printed
+    assert "after epoch 2" in printed and "Traceback" not in printed
+    error = max_relative_error(weights_of(resumed), weights_of(uninterrupted))
+    print(f"resume past a damaged checkpoint on 3 workers vs uninterrupted 2: max relative weight error {error:.2e}")
+    assert error < 1e-5
+
+    for state in folders.glob("epoch-*/state.npz"):
+        state.write_bytes(b"")
+    with pytest.raises(RayParallelError) as info:
+        rayparallel.train(spec, output_dir=out, resume=True, verbose=False)
+    assert str(info.value).startswith("--resume: expected an intact resume checkpoint of run 'fault-damaged-")
+    assert "received none (epoch-0005: state.npz does not match its checksum" in str(info.value)

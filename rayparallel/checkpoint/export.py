@@ -21,8 +21,12 @@ if TYPE_CHECKING:
     import keras
 
 
-def find_weights(checkpoint: str | os.PathLike) -> tuple[Path, dict]:
-    """A weights file and its manifest; a folder means its best checkpoint (else the final one)."""
+def find_weights(checkpoint: str | os.PathLike, unlisted: bool = False) -> tuple[Path, dict]:
+    """A weights file and its manifest; a folder means its best checkpoint (else the final one).
+
+    The manifest's recipe describes the files it lists; a file it does not list (an earlier
+    run's, copied in) may be another model, so it is refused unless `unlisted`.
+    """
     path = Path(checkpoint)
     if not path.exists():
         raise RayParallelError(
@@ -43,10 +47,16 @@ def find_weights(checkpoint: str | os.PathLike) -> tuple[Path, dict]:
         raise RayParallelError(
             f"checkpoint: expected the weights file {str(path)!r} listed in the manifest, received none (deleted?)"
         )
+    listed = {entry["file"] for entry in manifest.get("checkpoints", [])} | {(manifest.get("final") or {}).get("file")}
+    if path.name not in listed and not unlisted:
+        raise RayParallelError(
+            f"checkpoint: expected a weights file that {str(folder / 'manifest.json')!r} lists, received "
+            f"{str(path)!r}, which it does not (an earlier run's file?); --unlisted rebuilds it with this recipe anyway"
+        )
     return path, manifest
 
 
-def load_model(checkpoint: str | os.PathLike, batch_size: int = 1) -> keras.Model:
+def load_model(checkpoint: str | os.PathLike, batch_size: int = 1, unlisted: bool = False) -> keras.Model:
     """The base model rebuilt for `batch_size` with the checkpoint's weights.
 
     >>> model = rayparallel.load_model("runs/stateful-lstm-co2/checkpoints", batch_size=1)  # doctest: +SKIP
@@ -57,7 +67,7 @@ def load_model(checkpoint: str | os.PathLike, batch_size: int = 1) -> keras.Mode
 
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
         raise RayParallelError(f"batch_size: expected a positive integer, received {batch_size!r}")
-    path, manifest = find_weights(checkpoint)
+    path, manifest = find_weights(checkpoint, unlisted)
     if not h5py.is_hdf5(path):
         raise RayParallelError(
             f"checkpoint: expected a Keras .weights.h5 (HDF5) file, received {str(path)!r} (corrupt or not HDF5)"
@@ -77,12 +87,12 @@ def load_model(checkpoint: str | os.PathLike, batch_size: int = 1) -> keras.Mode
     return model
 
 
-def export(checkpoint: str | os.PathLike, out: str | os.PathLike, batch_size: int = 1) -> Path:
+def export(checkpoint: str | os.PathLike, out: str | os.PathLike, batch_size: int = 1, unlisted: bool = False) -> Path:
     """Save the rebuilt model as a full `.keras` file (architecture + weights)."""
     out = Path(out)
     if out.suffix != ".keras":
         raise RayParallelError(f"--out: expected a path ending in '.keras', received {str(out)!r}")
-    model = load_model(checkpoint, batch_size)
+    model = load_model(checkpoint, batch_size, unlisted)
     out.parent.mkdir(parents=True, exist_ok=True)
     model.save(str(out))
     return out

@@ -7,6 +7,7 @@ Written atomically, like the weight files.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -41,6 +42,22 @@ def write_manifest(folder: Path, recipe: dict, retention: Retention, final: Save
         "final": asdict(final) if final else None,
     }
     atomic_write_text(folder / MANIFEST, json.dumps(body, indent=2, default=float), "checkpoint.dir")
+
+
+def set_aside(folder: Path) -> tuple[Path, int] | None:
+    """Move an earlier run's weight files and manifest into `folder/earlier-<time>/`.
+
+    A fresh run writes its own manifest; files it does not list beside it would later be
+    exported with its recipe, possibly for another model. Returns (where, how many) or None.
+    """
+    files = [p for p in folder.glob("*") if p.is_file() and (p.name.endswith(".weights.h5") or p.name == MANIFEST)]
+    if not files:
+        return None
+    target = folder / f"earlier-{time.strftime('%Y%m%d-%H%M%S')}"
+    target.mkdir(parents=True, exist_ok=True)
+    for path in files:
+        path.rename(target / path.name)
+    return target, len(files)
 
 
 def read_manifest(folder: Path) -> dict:

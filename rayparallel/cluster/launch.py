@@ -21,6 +21,7 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from ..checkpoint.manifest import set_aside
 from ..errors import RayParallelError
 from ..files import atomic_write_text
 from ..recorder.actor import RecorderActor
@@ -32,7 +33,7 @@ from ..worker.loop import train_loop_per_worker
 from . import connect as cluster
 from .backend import TensorflowBackendConfig
 from .progress import ConsoleProgress, format_logs
-from .run_state import RunState, plan_run
+from .run_state import RunState, folder_held, plan_run
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -63,16 +64,17 @@ class Launch:
 
 
 def launch(spec: JobSpec, run: Launch) -> TrainResult:
-    started_ray = cluster.connect(run.worker_logs)
-    run.mark("ray_ready")
-    try:
-        if started_ray or not os.environ.get("RAY_ADDRESS"):
-            cluster.check_capacity(spec)
-        with cluster.worker_output_shown(run.worker_logs):
-            return _fit(spec, run)
-    finally:
-        if started_ray:
-            ray.shutdown()
+    with folder_held(run.output_dir, spec.name):  # first: a second run into a live run's folder changes nothing
+        started_ray = cluster.connect(run.worker_logs)
+        run.mark("ray_ready")
+        try:
+            if started_ray or not os.environ.get("RAY_ADDRESS"):
+                cluster.check_capacity(spec)
+            with cluster.worker_output_shown(run.worker_logs):
+                return _fit(spec, run)
+        finally:
+            if started_ray:
+                ray.shutdown()
 
 
 def _fit(spec: JobSpec, run: Launch) -> TrainResult:
@@ -80,10 +82,15 @@ def _fit(spec: JobSpec, run: Launch) -> TrainResult:
     say = print if run.verbose else (lambda *_: None)
     storage_path = spec.run.storage_path or str(output_dir / "ray_results")
     state, point = plan_run(spec.name, output_dir, storage_path, run.resume)
+    for skipped in point.skipped if point else []:
+        say(f"rayparallel: skipped a damaged resume checkpoint, {skipped}")
     if point:
-        say(f"rayparallel: resuming {state.ray_run_name} after epoch {point[0]} (Ray checkpoint {point[1]})")
+        say(f"rayparallel: resuming {state.ray_run_name} after epoch {point.epoch} (Ray checkpoint {point.folder})")
     else:
         say(f"rayparallel: starting {state.ray_run_name} (fresh) in {output_dir}")
+        moved = set_aside(checkpoint_dir(spec, output_dir))
+        if moved:
+            say(f"rayparallel: moved {moved[1]} files of an earlier run aside, to {moved[0]}")
     output_dir.mkdir(parents=True, exist_ok=True)
     job_file = output_dir / "job.yaml"
     atomic_write_text(job_file, yaml.safe_dump(mask(spec.to_dict()), sort_keys=False), "--output-dir")

@@ -7,16 +7,52 @@ the same MLflow run; `--fresh` starts new ones. Without either, an unfinished ru
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
+import socket
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import yaml
+
 from ..errors import RayParallelError
 from ..files import atomic_write_text
-from ..secrets import mask
+from ..secrets import MASK, mask
+from ..spec import apply_overrides
+from ..worker.resume import META, newest_intact
 
 RUN_FILE = "run.json"
+LOCK_FILE = ".rayparallel.lock"
+
+
+@contextlib.contextmanager
+def folder_held(output_dir: Path, name: str) -> Iterator[None]:
+    """The output folder belongs to one live run at a time.
+
+    An exclusive `flock` on `.rayparallel.lock`, held for the whole run: the kernel releases
+    it when the process ends, however it ends (a SIGKILLed driver leaves nothing stuck). The
+    file says who holds it, for the one-line error a second run gets.
+    """
+    output_dir.mkdir(parents=True, exist_ok=True)
+    with open(output_dir / LOCK_FILE, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another run"
+            raise RayParallelError(
+                f"--output-dir: expected a folder no live run is writing to, received {str(output_dir)!r} "
+                f"(held by {holder}); choose another --output-dir or wait for that run to end"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"job {name!r}, pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%H:%M:%S')}")
+        handle.flush()
+        yield
 
 
 @dataclass
@@ -29,27 +65,98 @@ class RunState:
     def save(self, output_dir: Path) -> None:
         atomic_write_text(output_dir / RUN_FILE, json.dumps(mask(asdict(self)), indent=2), "--output-dir")
 
-    def resume_point(self) -> tuple[int, Path] | None:
-        """(last completed epoch, its Ray checkpoint folder), or None if nothing was saved."""
-        folders = sorted((Path(self.storage_path) / self.ray_run_name).glob("epoch-*/meta.json"))
+    def resume_point(self) -> ResumePoint | None:
+        """The newest intact Ray checkpoint and the newer damaged ones skipped, or None if nothing was saved."""
+        folders = [meta.parent for meta in (Path(self.storage_path) / self.ray_run_name).glob("epoch-*/meta.json")]
         if not folders:
             return None
-        meta = json.loads(folders[-1].read_text())
-        return int(meta["epoch"]), folders[-1].parent
+        folder, skipped = newest_intact(folders)
+        if folder is None:
+            raise RayParallelError(
+                f"--resume: expected an intact resume checkpoint of run {self.ray_run_name!r}, received none "
+                f"({'; '.join(skipped)}); start anew with --fresh"
+            )
+        return ResumePoint(int(json.loads((folder / META).read_text())["epoch"]), folder, skipped)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    epoch: int  # the last completed epoch
+    folder: Path  # its Ray checkpoint
+    skipped: list[str]  # newer checkpoints that were damaged: "epoch-0005: why"
+
+
+# What a resume may change: how long and where it runs, never what it trains.
+RESUMABLE = (
+    "train.epochs",
+    "train.progress_every_n_steps",
+    "scaling.",
+    "run.collective_timeout_s",
+    "run.checkpoints_to_keep",
+    "failure.max_failures",
+    "mlflow.flush_timeout_s",
+)
+
+
+def resumed_spec(requested: dict, overrides: Sequence[str], output_dir: Path, resume: bool | None) -> dict | None:
+    """The job a resume continues: the run's own `job.yaml` with `overrides` applied, which may
+    only change RESUMABLE keys; None when this run will not resume (see `plan_run`).
+
+    `job.yaml` is written with secrets masked; where a masked value matches the requested
+    spec's, the requested (real) value is used.
+    """
+    previous = _read(output_dir)
+    recorded_file = output_dir / "job.yaml"
+    if not _wants_resume(previous, resume) or not recorded_file.is_file() or previous.resume_point() is None:
+        return None
+    keys = [item.partition("=")[0].strip() for item in overrides]
+    refused = [key for key in keys if not key.startswith(RESUMABLE) and key not in RESUMABLE]
+    if refused:
+        raise RayParallelError(
+            f"--set {', '.join(refused)}: expected only settings a resume may change ({', '.join(RESUMABLE)}), "
+            f"received a change to {', '.join(refused)}: a resume continues the recorded {recorded_file}; "
+            "start anew with --fresh"
+        )
+    recorded = _unmasked(yaml.safe_load(recorded_file.read_text()), requested)
+    return apply_overrides(recorded, overrides)
+
+
+def differences(a: dict, b: dict, prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two nested dicts."""
+    keys = []
+    for key in sorted(set(a) | set(b)):
+        left, right = a.get(key), b.get(key)
+        if isinstance(left, dict) and isinstance(right, dict):
+            keys += differences(left, right, f"{prefix}{key}.")
+        elif left != right:
+            keys.append(f"{prefix}{key}")
+    return keys
+
+
+def _unmasked(recorded: object, requested: object) -> object:
+    if isinstance(recorded, dict) and isinstance(requested, dict):
+        return {key: _unmasked(value, requested.get(key)) for key, value in recorded.items()}
+    if isinstance(recorded, str) and MASK in recorded and requested is not None and mask(requested) == recorded:
+        return requested
+    return recorded
+
+
+def _wants_resume(previous: RunState | None, resume: bool | None) -> bool:
+    return resume is True or (resume is None and previous is not None and previous.status != "FINISHED")
 
 
 def plan_run(
     name: str, output_dir: Path, storage_path: str, resume: bool | None
-) -> tuple[RunState, tuple[int, Path] | None]:
+) -> tuple[RunState, ResumePoint | None]:
     """The run to start: a new one, or the recorded one when resuming (see module doc)."""
     previous = _read(output_dir)
-    point = previous.resume_point() if previous else None
+    point = previous.resume_point() if previous and _wants_resume(previous, resume) else None
     if resume is True and point is None:
         raise RayParallelError(
             f"--resume: expected a previous run with a saved epoch in {str(output_dir)!r}, received "
             + ("none (no run.json)" if previous is None else f"run {previous.ray_run_name!r} without a completed epoch")
         )
-    if point is not None and (resume is True or (resume is None and previous.status != "FINISHED")):
+    if point is not None:
         previous.status = "RUNNING"
         return previous, point
     fresh = RunState(ray_run_name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}", storage_path=storage_path)

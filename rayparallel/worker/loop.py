@@ -80,7 +80,8 @@ class WorkerRun:
         self.decision = SaveDecision(spec.checkpoint)
         self.client = CheckpointClient(actor) if self.rank == 0 else None
 
-        meta = resume.restore(ray.train.get_checkpoint(), self.strategy, self.model, self.optimizer)
+        self.resumed = ray.train.get_checkpoint()
+        meta = resume.restore(self.resumed, self.strategy, self.model, self.optimizer)
         self.start_epoch = meta["epoch"] if meta else 0
         self.history: list[dict] = meta["history"] if meta else []
         if meta and self.rank == 0:
@@ -133,7 +134,7 @@ class WorkerRun:
             ray.train.report(
                 dict(logs, epoch=epoch),
                 checkpoint=checkpoint,
-                checkpoint_dir_name=f"epoch-{epoch:04d}",
+                checkpoint_dir_name=resume.folder_name(epoch, self.resumed),
                 delete_local_checkpoint_after_upload=checkpoint is not None,
             )
 

@@ -103,11 +103,11 @@ def test_cli_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path):
 
 
 def test_cli_spec_error_needs_no_tensorflow(tmp_path):
-    run = cli("validate", "jobs/stateful_lstm.yaml", "--set", "scaling.num_workers=3")
+    run = cli("validate", "jobs/stateful_lstm.yaml", "--set", "scaling.num_workers=9")
     assert run.returncode == 2
     assert run.stderr.strip() == (
-        "rayparallel: error: train.global_batch_size: expected a multiple of "
-        "scaling.num_workers=3 (each worker gets an equal slice), received 8"
+        "rayparallel: error: scaling.num_workers: expected at most train.global_batch_size=8 workers "
+        "(each worker needs at least one row of every batch), received 9"
     )
 
 

@@ -42,3 +42,14 @@ def test_batches_feed_each_worker_its_rows_in_step_order_for_every_input():
     for step, (xb, yb) in enumerate(fed):
         expected = rows[step * 4 : (step + 1) * 4]
         assert (yb == expected).all() and (xb["a"] == expected * 10).all() and (xb["b"] == expected * 100).all()
+
+
+def test_uneven_worker_counts_own_fixed_streams_and_cover_each_batch_once():
+    batch, workers, steps = 16, 3, 4
+    order = epoch_order(batch * steps, epoch=0, layout="streams", seed=0)
+    owned = []
+    for rank, size in enumerate((6, 5, 5)):
+        rows = worker_rows(order, batch, rank, workers).reshape(steps, size)
+        assert (rows % batch == rows[0] % batch).all()  # the same streams every step, in time order
+        owned.append(rows[0] % batch)
+    assert np.concatenate(owned).tolist() == list(range(batch))  # every stream once, in rank order

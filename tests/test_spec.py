@@ -25,9 +25,23 @@ def with_(**sections):
 
 def test_defaults_and_per_worker_batch():
     spec = load_spec(with_(scaling__num_workers=2))
-    assert spec.per_worker_batch_size == 4
+    assert spec.per_worker_batch_size == 4 and spec.batch_split == "4"
+    uneven = load_spec(with_(train__global_batch_size=16, scaling__num_workers=3))
+    assert uneven.worker_batch_sizes == [6, 5, 5] and uneven.batch_split == "6,5,5"
+    assert uneven.per_worker_batch_size == 6
     assert spec.train.epochs == 1 and spec.data.layout == "shuffle"
     assert spec.scaling.placement_strategy == "PACK"
+
+
+def test_any_worker_count_splits_every_global_batch_into_contiguous_near_equal_slices():
+    from rayparallel.spec.schema import rank_rows
+
+    for batch in range(1, 20):
+        for workers in range(1, batch + 1):
+            slices = [rank_rows(batch, workers, rank) for rank in range(workers)]
+            assert slices[0][0] == 0 and slices[-1][1] == batch
+            assert all(a[1] == b[0] for a, b in zip(slices, slices[1:], strict=False))  # contiguous, in order
+            assert max(s[1] - s[0] for s in slices) - min(s[1] - s[0] for s in slices) <= 1
 
 
 def test_overrides_are_yaml_typed_and_dotted():
@@ -48,9 +62,10 @@ def test_overrides_are_yaml_typed_and_dotted():
     "raw, overrides, message",
     [
         (
-            with_(train__global_batch_size=9, scaling__num_workers=2),
+            with_(train__global_batch_size=9, scaling__num_workers=10),
             [],
-            "train.global_batch_size: expected a multiple of scaling.num_workers=2 (each worker gets an equal slice), received 9",
+            "scaling.num_workers: expected at most train.global_batch_size=9 workers (each worker needs at least "
+            "one row of every batch), received 10",
         ),
         (with_(train__epochs=0), [], "train.epochs: expected a positive number, received 0"),
         (with_(train__global_batch_size=-4), [], "train.global_batch_size: expected a positive number, received -4"),

@@ -163,10 +163,10 @@ def _check_values(spec: JobSpec) -> None:
             f"received {spec.name!r}"
         )
     batch, workers = spec.train.global_batch_size, spec.scaling.num_workers
-    if batch % workers:
+    if workers > batch:
         raise SpecError(
-            f"train.global_batch_size: expected a multiple of scaling.num_workers={workers} "
-            f"(each worker gets an equal slice), received {batch}"
+            f"scaling.num_workers: expected at most train.global_batch_size={batch} workers "
+            f"(each worker needs at least one row of every batch), received {workers}"
         )
     for key, ref in (("model.builder", spec.model.builder), ("data.loader", spec.data.loader)):
         module, sep, attr = ref.partition(":")

@@ -12,6 +12,20 @@ from typing import Any, Literal
 Identifier = str | dict  # a Keras identifier: "adam" or {"class_name": ..., "config": ...}
 
 
+def rank_rows(global_batch_size: int, num_workers: int, rank: int) -> tuple[int, int]:
+    """Rank `rank`'s rows `[start, stop)` of every global batch.
+
+    Contiguous, and as even as they can be: the first `B % N` ranks take one row more. The
+    loss is still divided by the global batch, so any worker count trains the same model.
+
+    >>> [rank_rows(16, 3, r) for r in range(3)]
+    [(0, 6), (6, 11), (11, 16)]
+    """
+    base, extra = divmod(global_batch_size, num_workers)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (rank < extra)
+
+
 @dataclass
 class ModelSpec:
     """`builder(batch_size=<per-worker batch>, **kwargs)` returns an uncompiled keras.Model."""
@@ -140,7 +154,22 @@ class JobSpec:
 
     @property
     def per_worker_batch_size(self) -> int:
-        return self.train.global_batch_size // self.scaling.num_workers
+        """Rank 0's batch: the largest (the recorder and export build at it; weights fit any)."""
+        return self.worker_batch_size(0)
+
+    def worker_batch_size(self, rank: int) -> int:
+        start, stop = rank_rows(self.train.global_batch_size, self.scaling.num_workers, rank)
+        return stop - start
+
+    @property
+    def worker_batch_sizes(self) -> list[int]:
+        return [self.worker_batch_size(rank) for rank in range(self.scaling.num_workers)]
+
+    @property
+    def batch_split(self) -> str:
+        """The per-worker batches as people read them: "4", or "6,5,5" when they differ."""
+        sizes = self.worker_batch_sizes
+        return str(sizes[0]) if len(set(sizes)) == 1 else ",".join(map(str, sizes))
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict

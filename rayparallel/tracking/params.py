@@ -37,7 +37,7 @@ def run_params(spec: JobSpec) -> dict[str, str]:
     params.update(
         {
             "num_workers": str(spec.scaling.num_workers),
-            "per_worker_batch_size": str(spec.per_worker_batch_size),
+            "per_worker_batch_size": spec.batch_split,
             "version.ray": version("ray"),
             "version.tensorflow": version("tensorflow"),
             "version.keras": version("keras"),

@@ -50,12 +50,14 @@ class WorkerRun:
 
         import keras
 
-        keras.utils.set_random_seed(spec.train.seed)
-        self.global_batch, self.per_worker = spec.train.global_batch_size, spec.per_worker_batch_size
+        local = replica.batch_dependent_variables(spec.model, spec.worker_batch_sizes, spec.train.dtype_policy)
+        keras.utils.set_random_seed(spec.train.seed)  # after the probe builds: the replica starts as in one process
+        self.global_batch, self.per_worker = spec.train.global_batch_size, spec.worker_batch_size(self.rank)
         self.data = shards.load_data(spec.data, self.global_batch)
         self._mark("data_loaded")
         with self.strategy.scope():
-            self.model = build_model(spec.model, self.per_worker, spec.train.dtype_policy)
+            with replica.kept_local(local):
+                self.model = build_model(spec.model, self.per_worker, spec.train.dtype_policy)
             self.optimizer = replica.make_optimizer(spec.train.optimizer)
             self.optimizer.build(self.model.trainable_variables)  # not lazily inside the compiled step
         compress_gradients(self.optimizer, spec.train.gradient_compression)

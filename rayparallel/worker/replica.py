@@ -1,20 +1,25 @@
 """The pieces `compile` would have given this worker's replica: optimizer, loss, metrics.
 
 The replica itself is built by `rayparallel.model.build_model` with the per-worker batch,
-inside the strategy's scope. Loss and metrics are resolved the way `Model.compile` resolves their
+inside the strategy's scope (batch-shaped states kept out of it when batches differ). Loss and metrics are resolved the way `Model.compile` resolves their
 names, so history keys match what Keras users see from `fit`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import itertools
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from ..errors import SpecError
+from ..errors import ModelError, SpecError
+from ..model import build_model
 
 if TYPE_CHECKING:
     import keras
     import numpy as np
+
+    from ..spec import ModelSpec
 
 
 def use_jit(setting: bool | str, model: keras.Model) -> bool:
@@ -31,6 +36,65 @@ def use_jit(setting: bool | str, model: keras.Model) -> bool:
 def batch_shapes(model: keras.Model) -> list[list]:
     """The input shapes the replica was built with, as plain lists for result.json."""
     return [list(t.shape) for t in model.inputs]
+
+
+def batch_dependent_variables(spec: ModelSpec, batch_sizes: list[int], dtype_policy: str = "float32") -> set[int]:
+    """Creation indices of the variables whose shape follows the batch (stateful RNN states).
+
+    With an uneven split the replicas differ in batch, and MultiWorkerMirroredStrategy
+    broadcasts every variable's initial value from rank 0 when it is created: a state of
+    another shape fails that broadcast. Probe builds at the split's two batch sizes, outside
+    the strategy, find these variables by creation order, which is the same on every rank.
+    """
+    sizes = sorted(set(batch_sizes))
+    if len(sizes) == 1:
+        return set()
+    probes = [_created_variables(spec, size, dtype_policy) for size in sizes]
+    differing = {i for i, (small, large) in enumerate(zip(*probes, strict=True)) if small[1] != large[1]}
+    trainable = [probes[1][i][0] for i in sorted(differing) if probes[1][i][2]]
+    if trainable:
+        raise ModelError(
+            f"model.builder: expected weights whose shapes do not depend on the batch size (workers get "
+            f"batches of {' and '.join(map(str, sizes))}), received {', '.join(trainable)}"
+        )
+    return differing
+
+
+def _created_variables(spec: ModelSpec, batch_size: int, dtype_policy: str) -> list[tuple[str, tuple, bool]]:
+    import tensorflow as tf
+
+    created = []
+
+    def record(next_creator, **kwargs):
+        variable = next_creator(**kwargs)
+        created.append((variable.name, tuple(variable.shape), bool(variable.trainable)))
+        return variable
+
+    with tf.variable_creator_scope(record):
+        build_model(spec, batch_size, dtype_policy)
+    return created
+
+
+@contextlib.contextmanager
+def kept_local(indices: set[int]) -> Iterator[None]:
+    """Inside the strategy's scope: the variables created at `indices` stay this worker's own.
+
+    Neither broadcast nor mirrored: each replica's stream states belong to its own streams.
+    TensorFlow has no public way past the strategy's variable creator; its default creator
+    is the one it would end with.
+    """
+    import tensorflow as tf
+    from tensorflow.python.ops.resource_variable_ops import default_variable_creator_v2
+
+    count = itertools.count()
+
+    def create(next_creator, **kwargs):
+        if next(count) in indices:
+            return default_variable_creator_v2(None, **kwargs)
+        return next_creator(**kwargs)
+
+    with tf.variable_creator_scope(create):
+        yield
 
 
 def stateful_layers(model: keras.Model) -> list[keras.layers.Layer]:

@@ -1,8 +1,9 @@
 """Which rows each worker trains on, step by step.
 
-Global batch t holds rows `order[t*B:(t+1)*B]`; worker r takes the slice
-`[r*b, (r+1)*b)` of it. With `layout: streams` the order is the identity, so row i of every
-global batch is stream i and worker r always owns streams `[r*b, (r+1)*b)`. With
+Global batch t holds rows `order[t*B:(t+1)*B]`; worker r takes its slice `[start, stop)`
+of it (`spec.rank_rows`: B/N rows, one more for the first B % N ranks). With
+`layout: streams` the order is the identity, so row i of every global batch is stream i and
+worker r always owns streams `[start, stop)`. With
 `layout: shuffle` the order is a permutation drawn from `(seed, epoch)`, the same on every
 worker. Only full batches are used, so every worker runs the same number of steps.
 """
@@ -18,6 +19,7 @@ import numpy as np
 
 from ..errors import DataError, describe
 from ..spec import DataSpec
+from ..spec.schema import rank_rows
 from ..spec.references import resolve
 
 
@@ -139,12 +141,11 @@ def epoch_order(rows: int, epoch: int, layout: str, seed: int) -> np.ndarray:
 
 
 def worker_rows(order: np.ndarray, global_batch_size: int, rank: int, num_workers: int) -> np.ndarray:
-    """This worker's rows, step after step: its slice `[r*b, (r+1)*b)` of each full global batch.
+    """This worker's rows, step after step: its slice of each full global batch.
 
-    >>> worker_rows(np.arange(8), 4, rank=1, num_workers=2).tolist()
-    [2, 3, 6, 7]
+    >>> worker_rows(np.arange(10), 5, rank=1, num_workers=2).tolist()
+    [3, 4, 8, 9]
     """
     steps = len(order) // global_batch_size
-    per_worker = global_batch_size // num_workers
-    batches = order[: steps * global_batch_size].reshape(steps, num_workers, per_worker)
-    return batches[:, rank, :].reshape(-1)
+    start, stop = rank_rows(global_batch_size, num_workers, rank)
+    return order[: steps * global_batch_size].reshape(steps, global_batch_size)[:, start:stop].reshape(-1)

@@ -19,8 +19,8 @@ import numpy as np
 
 from ..errors import DataError, describe
 from ..spec import DataSpec
-from ..spec.schema import rank_rows
 from ..spec.references import resolve
+from ..spec.schema import rank_rows
 
 
 @dataclass

@@ -35,8 +35,9 @@ def weights_of(result):
     return final_weights(result.final_weights, stateful_lstm)
 
 
-def kill_a_worker_when(epochs_done: int, killed: dict, run_prefix: str) -> threading.Thread:
-    """SIGKILL rank 1 once the live run (found by its named recorder actor) finished `epochs_done` epochs."""
+def kill_a_worker_when(epochs_done: int, killed: dict, run_prefix: str, inside: bool = False) -> threading.Thread:
+    """SIGKILL rank 1 once the live run (found by its named recorder actor) finished `epochs_done` epochs;
+    `inside`: and wrote a resume point inside the next epoch."""
     import ray
 
     def watch():
@@ -46,7 +47,9 @@ def kill_a_worker_when(epochs_done: int, killed: dict, run_prefix: str) -> threa
             if names:
                 actor = ray.get_actor(names[0]["name"], namespace=names[0]["namespace"])
                 summary = ray.get(actor.summary.remote())
-                if len(summary["history"]) >= epochs_done and len(summary["workers"]) == 2:
+                run_folder = Path(ray.get(actor.run_folder.remote()))
+                point_inside = any(run_folder.glob(f"epoch-{epochs_done:04d}-step-*/meta.json"))
+                if len(summary["history"]) >= epochs_done and len(summary["workers"]) == 2 and point_inside >= inside:
                     pid = summary["workers"][1]["pid"]
                     os.kill(pid, signal.SIGKILL)
                     killed.update(pid=pid, at=time.monotonic(), after_epoch=len(summary["history"]))
@@ -63,25 +66,33 @@ def uninterrupted(ray_address, tmp_path_factory):
     return rayparallel.train(LSTM, output_dir=tmp_path_factory.mktemp("plain"), verbose=False)
 
 
-def test_killed_worker_resumes_to_the_same_weights(uninterrupted, tmp_path):
+def test_worker_killed_inside_an_epoch_resumes_from_the_last_step_point_to_the_same_weights(uninterrupted, tmp_path):
     from mlflow.tracking import MlflowClient
 
     store = f"sqlite:///{tmp_path}/mlflow.db"
     spec = dict(
-        LSTM, name="fault-kill", failure={"max_failures": 1}, mlflow={"tracking_uri": store, "experiment": "fault"}
+        LSTM,
+        name="fault-kill",
+        failure={"max_failures": 1},
+        run={"resume_every_n_steps": 40},  # 148 steps an epoch: points at steps 24, 64, 104, 144 of epoch 3
+        mlflow={"tracking_uri": store, "experiment": "fault"},
     )
     killed: dict = {}
-    watcher = kill_a_worker_when(2, killed, "rayparallel:fault-kill-")
+    watcher = kill_a_worker_when(2, killed, "rayparallel:fault-kill-", inside=True)
     result = rayparallel.train(spec, output_dir=tmp_path / "out", verbose=False)
     watcher.join(timeout=5)
     assert killed, "the worker was never killed"
     assert killed["pid"] not in [w["pid"] for w in result.workers]  # the group was restarted
+    restarted = result.workers[0]
+    assert restarted["resumed_from_epoch"] == 2 and restarted["resumed_from_step"] > 0  # inside epoch 3
     error = max_relative_error(weights_of(result), weights_of(uninterrupted))
-    print(f"resume after SIGKILL of rank 1 after epoch {killed['after_epoch']}: max relative weight error {error:.2e}")
-    assert error < 1e-5
-    assert [h["val_loss"] for h in result.history] == pytest.approx(
-        [h["val_loss"] for h in uninterrupted.history], rel=1e-5
+    print(
+        f"resume after SIGKILL of rank 1 at epoch 3 step {restarted['resumed_from_step']}+: "
+        f"max relative weight error {error:.2e}"
     )
+    assert error < 1e-5
+    for key in ("loss", "mae", "val_loss"):  # the resumed epoch's figures include the steps before the kill
+        assert [h[key] for h in result.history] == pytest.approx([h[key] for h in uninterrupted.history], rel=1e-5)
 
     manifest = json.loads(open(f"{result.checkpoint_dir}/manifest.json").read())
     assert [c["epoch"] for c in manifest["checkpoints"]] == [1, 2, 3, 4, 5]
@@ -219,7 +230,8 @@ def test_damaged_resume_state_falls_back_to_the_newest_intact_checkpoint_on_any_
 ):
     out = tmp_path / "out"
     spec = dict(LSTM, name="fault-damaged")
-    rayparallel.train(spec, ["train.epochs=3"], output_dir=out, verbose=False)  # keeps epochs 2 and 3 (num_to_keep 2)
+    # keeps epoch ends 2 and 3 (num_to_keep 2) and points at steps 54 and 104 of epoch 3 (every 50 global steps)
+    rayparallel.train(spec, ["train.epochs=3", "run.resume_every_n_steps=50"], output_dir=out, verbose=False)
     recorded = json.loads((out / "run.json").read_text())
     folders = Path(recorded["storage_path"]) / recorded["ray_run_name"]
     (folders / "epoch-0003" / "state.npz").write_bytes(b"garbage, as a crash mid-write leaves it")
@@ -231,7 +243,7 @@ def test_damaged_resume_state_falls_back_to_the_newest_intact_checkpoint_on_any_
     ranks = sorted(resumed.workers, key=lambda w: w["rank"])
     assert [w["batch_shape"] for w in ranks] == [[[b, 5, 2]] for b in (2, 2, 1, 1)]
     assert "skipped a damaged resume checkpoint, epoch-0003: state.npz does not match its checksum" in printed
-    assert "after epoch 2" in printed and "Traceback" not in printed
+    assert "after epoch 2 and 104 steps of epoch 3" in printed and "Traceback" not in printed  # inside an epoch
     error = max_relative_error(weights_of(resumed), weights_of(uninterrupted))
     print(f"resume past a damaged checkpoint on 4 workers vs uninterrupted 2: max relative weight error {error:.2e}")
     assert error < 1e-5

@@ -31,7 +31,14 @@ class CheckpointClient:
 
     def save(self, weights: list, point: Saved) -> None:
         """Returns at once; `weights` are tensors or arrays that nothing modifies afterwards."""
-        self._pending.append(self._sender.submit(self._send, weights, point))
+        self._hand_over(self._send, weights, point)
+
+    def save_resume_point(self, arrays: dict, meta: dict) -> None:
+        """The same for a resume point inside an epoch (`arrays`: name -> tensor or array)."""
+        self._hand_over(self._send_resume_point, arrays, meta)
+
+    def _hand_over(self, send, *args) -> None:
+        self._pending.append(self._sender.submit(send, *args))
         while self._pending and self._done(self._pending[0]):
             self._wait(self._pending.pop(0))  # raises a failed write's error
         while len(self._pending) > self._max_pending:
@@ -49,6 +56,9 @@ class CheckpointClient:
     def _send(self, weights: list, point: Saved) -> ray.ObjectRef:
         arrays = [np.asarray(w) for w in weights]
         return self._actor.save_checkpoint.remote(arrays, point)
+
+    def _send_resume_point(self, arrays: dict, meta: dict) -> ray.ObjectRef:
+        return self._actor.save_resume_point.remote({k: np.asarray(v) for k, v in arrays.items()}, meta)
 
     @staticmethod
     def _done(future: Future) -> bool:

@@ -85,7 +85,7 @@ def _fit(spec: JobSpec, run: Launch) -> TrainResult:
     for skipped in point.skipped if point else []:
         say(f"rayparallel: skipped a damaged resume checkpoint, {skipped}")
     if point:
-        say(f"rayparallel: resuming {state.ray_run_name} after epoch {point.epoch} (Ray checkpoint {point.folder})")
+        say(f"rayparallel: resuming {state.ray_run_name} after {point.position} ({point.folder})")
     else:
         say(f"rayparallel: starting {state.ray_run_name} (fresh) in {output_dir}")
         moved = set_aside(checkpoint_dir(spec, output_dir))
@@ -98,7 +98,11 @@ def _fit(spec: JobSpec, run: Launch) -> TrainResult:
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     actor = RecorderActor.options(name=f"rayparallel:{state.ray_run_name}", scheduling_strategy=here).remote(
-        spec, str(checkpoint_dir(spec, output_dir)), run.search_path, _tracking_config(spec, output_dir, state)
+        spec,
+        str(checkpoint_dir(spec, output_dir)),
+        run.search_path,
+        _tracking_config(spec, output_dir, state),
+        str(Path(storage_path).resolve() / state.ray_run_name) if spec.run.local_storage else None,
     )
     ray.get(actor.ping.remote())  # up; its MLflow run is created meanwhile, announced by an event
     run.mark("recorder_ready")

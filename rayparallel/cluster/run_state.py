@@ -19,11 +19,11 @@ from pathlib import Path
 
 import yaml
 
+from ..checkpoint.resume_state import META, describe_position, newest_intact, points
 from ..errors import RayParallelError
 from ..files import atomic_write_text
 from ..secrets import MASK, mask
 from ..spec import apply_overrides
-from ..worker.resume import META, newest_intact
 
 RUN_FILE = "run.json"
 LOCK_FILE = ".rayparallel.lock"
@@ -67,7 +67,7 @@ class RunState:
 
     def resume_point(self) -> ResumePoint | None:
         """The newest intact Ray checkpoint and the newer damaged ones skipped, or None if nothing was saved."""
-        folders = [meta.parent for meta in (Path(self.storage_path) / self.ray_run_name).glob("epoch-*/meta.json")]
+        folders = points(Path(self.storage_path) / self.ray_run_name)
         if not folders:
             return None
         folder, skipped = newest_intact(folders)
@@ -76,14 +76,16 @@ class RunState:
                 f"--resume: expected an intact resume checkpoint of run {self.ray_run_name!r}, received none "
                 f"({'; '.join(skipped)}); start anew with --fresh"
             )
-        return ResumePoint(int(json.loads((folder / META).read_text())["epoch"]), folder, skipped)
+        meta = json.loads((folder / META).read_text())
+        return ResumePoint(int(meta["epoch"]), describe_position(meta), folder, skipped)
 
 
 @dataclass(frozen=True)
 class ResumePoint:
     epoch: int  # the last completed epoch
-    folder: Path  # its Ray checkpoint
-    skipped: list[str]  # newer checkpoints that were damaged: "epoch-0005: why"
+    position: str  # "epoch 2", or "epoch 2 and 40 steps of epoch 3"
+    folder: Path  # its resume state
+    skipped: list[str]  # newer points that were damaged: "epoch-0005: why"
 
 
 # What a resume may change: how long and where it runs, never what it trains.
@@ -93,6 +95,7 @@ RESUMABLE = (
     "scaling.",
     "run.collective_timeout_s",
     "run.checkpoints_to_keep",
+    "run.resume_every_n_steps",
     "failure.max_failures",
     "mlflow.flush_timeout_s",
 )

@@ -14,12 +14,14 @@ the MLflow thread, so a slow or absent server never holds up training.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ray
 
+from ..checkpoint import resume_state
 from ..checkpoint.policy import Saved
 from ..checkpoint.writer import CheckpointWriter
 from ..secrets import mask_text
@@ -35,13 +37,21 @@ if TYPE_CHECKING:
 class RunRecorder:
     writer_class = CheckpointWriter  # a test swaps in a slow disk here
 
-    def __init__(self, spec: JobSpec, checkpoint_dir: str, search_path: list[str], tracking: dict | None = None):
+    def __init__(
+        self,
+        spec: JobSpec,
+        checkpoint_dir: str,
+        search_path: list[str],
+        tracking: dict | None = None,
+        run_folder: str | None = None,
+    ):
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         if search_path and os.path.isdir(search_path[0]):
             os.chdir(search_path[0])
         add_search_path(search_path)
         self._spec = spec
         self._writer = self.writer_class(spec, Path(checkpoint_dir))
+        self._run_folder = Path(run_folder) if run_folder else None  # Ray's run folder, when on a file system
         self._lock = threading.Lock()
         self._events: list[dict] = []
         self._history: dict[int, dict] = {}
@@ -117,6 +127,28 @@ class RunRecorder:
         path = self._writer.save_final(weights, point)
         self._track_files(path)
         return str(path)
+
+    @ray.method(concurrency_group="io")
+    def save_resume_point(self, arrays: dict[str, np.ndarray], meta: dict) -> str:
+        """A point inside an epoch, beside Ray's epoch ends; the oldest beyond `checkpoints_to_keep` go."""
+        folder = resume_state.write_state_atomically(
+            self._run_folder, resume_state.position_name(meta["epoch"], meta["step"]), arrays, meta
+        )
+        inside = sorted(f for f in resume_state.points(self._run_folder) if "-step-" in f.name)
+        for old in inside[: -self._spec.run.checkpoints_to_keep]:
+            shutil.rmtree(old, ignore_errors=True)
+        return str(folder)
+
+    @ray.method(concurrency_group="io")
+    def resume_point(self) -> str | None:
+        """The newest intact point in Ray's run folder, once pending writes are done; the same for every rank."""
+        if self._run_folder is None:
+            return None
+        folder, _ = resume_state.newest_intact(resume_state.points(self._run_folder))
+        return str(folder) if folder else None
+
+    def run_folder(self) -> str | None:
+        return str(self._run_folder) if self._run_folder else None
 
     # -- from the driver ----------------------------------------------------------------
     @ray.method(concurrency_group="io")

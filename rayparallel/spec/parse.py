@@ -157,6 +157,14 @@ def _check_values(spec: JobSpec) -> None:
     for key in _NON_NEGATIVE:
         if flat[key] < 0:
             raise SpecError(f"{key}: expected zero or a positive number, received {flat[key]!r}")
+    every = spec.run.resume_every_n_steps
+    if every is not None and every < 1:
+        raise SpecError(f"run.resume_every_n_steps: expected a positive number of steps or null, received {every!r}")
+    if every is not None and not spec.run.local_storage:
+        raise SpecError(
+            "run.resume_every_n_steps: expected a run.storage_path on a local or mounted file system "
+            f"(points inside epochs are written there), received {spec.run.storage_path!r}"
+        )
     if not _NAME.fullmatch(spec.name):
         raise SpecError(
             "name: expected letters, digits, '.', '_' or '-' (it names the output folder and the Ray run), "

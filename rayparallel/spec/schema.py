@@ -90,7 +90,13 @@ class RunSpec:
     storage_path: str | None = None
     collective_timeout_s: float = 600.0
     checkpoints_to_keep: int = 2  # Ray's CheckpointConfig(num_to_keep) for resume state
+    resume_every_n_steps: int | None = None  # also resume points inside epochs (local or mounted storage)
     pip: list = field(default_factory=list)  # extra requirements for `rayparallel submit`
+
+    @property
+    def local_storage(self) -> bool:
+        """A path (local or mounted on every node), not a URI such as s3://."""
+        return "://" not in (self.storage_path or "")
 
 
 @dataclass

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..checkpoint.client import CheckpointClient
 from ..checkpoint.policy import FINAL, Saved, SaveDecision
+from ..checkpoint.resume_state import position_name, unused_name
 from ..errors import NonFiniteLossError
 from ..model import build_model
 from ..spec import JobSpec
 from ..spec.references import add_search_path
+from ..spec.schema import rank_rows
 from . import replica, resume, shards
 from .cadence import ProgressCadence
 from .step import EpochFigures, Steps
@@ -75,18 +78,29 @@ class WorkerRun:
             replica.use_jit(spec.train.jit_compile, self.model),
             spec.train.loss_scale,
         )
-        self.figures = EpochFigures(self.steps, Reducer(self.strategy), self.rank, self.world)
+        reducer = Reducer(self.strategy)
+        self.figures = EpochFigures(self.steps, reducer, self.rank, self.world)
         self.stateful = replica.stateful_layers(self.model)
+        rows = rank_rows(self.global_batch, self.world, self.rank)
+        self.epoch_state = resume.EpochState(self.steps, reducer, self.stateful, rows, self.global_batch)
         self.steps_per_epoch = shards.steps_per_epoch(self.data.train.rows, self.global_batch)
         self.cadence = ProgressCadence(self.steps_per_epoch, spec.train.progress_every_n_steps)
         self.decision = SaveDecision(spec.checkpoint)
         self.client = CheckpointClient(actor) if self.rank == 0 else None
 
-        self.resumed = ray.train.get_checkpoint()
-        meta = resume.restore(self.resumed, self.strategy, self.model, self.optimizer)
-        self.start_epoch = meta["epoch"] if meta else 0
-        self.history: list[dict] = meta["history"] if meta else []
-        if meta and self.rank == 0:
+        # local or mounted storage: the recorder names the newest intact point (epoch ends and
+        # the steps between), after its pending writes, so every rank restores the same one
+        local = spec.run.local_storage
+        self.run_folder = ray.get(actor.run_folder.remote()) if local else None
+        found = ray.get(actor.resume_point.remote()) if local else None
+        point = resume.read_point(found, None if local else ray.train.get_checkpoint())
+        arrays, meta = point or ({}, {"epoch": 0, "history": []})
+        if point:
+            resume.restore(arrays, meta, self.strategy, self.model, self.optimizer)
+        self.start_epoch, self.start_step = meta["epoch"], meta.get("step", 0)
+        self.resume_arrays = arrays if self.start_step else None  # the running epoch, loaded once it starts
+        self.history: list[dict] = meta["history"]
+        if point and self.rank == 0:
             ray.get(actor.restore_history.remote(self.history))
         self.decision.best = ray.get(actor.best_value.remote())
         actor.register_worker.remote(
@@ -97,6 +111,7 @@ class WorkerRun:
                 "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
                 "pid": os.getpid(),
                 "resumed_from_epoch": self.start_epoch,
+                "resumed_from_step": self.start_step,  # steps into the next epoch
             }
         )
 
@@ -114,10 +129,11 @@ class WorkerRun:
         logs: dict = {}
         for epoch in range(self.start_epoch + 1, self.spec.train.epochs + 1):
             started = time.perf_counter()
-            logs = self.train_epoch(epoch)
+            skip = self.start_step if epoch == self.start_epoch + 1 else 0  # resumed inside this epoch
+            logs = self.train_epoch(epoch, skip)
             self._check_finite(epoch)
             seconds = time.perf_counter() - started
-            logs["samples_per_s"] = self.steps_per_epoch * self.global_batch / seconds
+            logs["samples_per_s"] = (self.steps_per_epoch - skip) * self.global_batch / seconds
             if self.steps.loss_scale is not None:
                 logs["loss_scale"] = float(self.steps.loss_scale.value.numpy())
             if self.data.val is not None:
@@ -136,7 +152,7 @@ class WorkerRun:
             ray.train.report(
                 dict(logs, epoch=epoch),
                 checkpoint=checkpoint,
-                checkpoint_dir_name=resume.folder_name(epoch, self.resumed),
+                checkpoint_dir_name=self._point_name(epoch),
                 delete_local_checkpoint_after_upload=checkpoint is not None,
             )
 
@@ -149,22 +165,28 @@ class WorkerRun:
             final = Saved(file=FINAL, epoch=epochs, step=epochs * self.steps_per_epoch, logs=logs)
             ray.get(self.actor.save_final_weights.remote(weights, final))
 
-    def train_epoch(self, epoch: int) -> dict:
+    def train_epoch(self, epoch: int, skip: int = 0) -> dict:
+        """One epoch; `skip` steps of it were done before a restart (their state is in `resume_arrays`)."""
         spec, steps_per_epoch = self.spec, self.steps_per_epoch
         replica.reset_states(self.stateful)
         self.steps.reset()
+        if skip:
+            self.epoch_state.load(self.resume_arrays, skip, self.rank)
         self.cadence.start_epoch()
         save_every = spec.checkpoint.save_freq if isinstance(spec.checkpoint.save_freq, int) else 0
+        resume_every = spec.run.resume_every_n_steps or 0
         started = time.perf_counter()
         order = shards.epoch_order(self.data.train.rows, epoch - 1, spec.data.layout, spec.train.seed)
         rows = shards.worker_rows(order, self.global_batch, self.rank, self.world)
         first = epoch == self.start_epoch + 1
         for step, (x, y) in enumerate(shards.batches(self.data.train, rows, self.per_worker), start=1):
-            if first and step == 1:
+            if step <= skip:
+                continue
+            if first and step == skip + 1:
                 self.steps.train_step.get_concrete_function(x, y)  # trace apart from the run, to time both
                 self._mark("first_step_traced")
             self.steps.train_step(x, y)
-            if first and step == 1:
+            if first and step == skip + 1:
                 self._mark("first_step_done")
             global_step = (epoch - 1) * steps_per_epoch + step
             if self.cadence.due(step):
@@ -179,7 +201,23 @@ class WorkerRun:
             if save_every and global_step % save_every == 0:
                 running = {"loss": self.figures.running_loss(step)}
                 self.save(resume.snapshot(self.model.weights), epoch, global_step, step, running)
+            if resume_every and global_step % resume_every == 0 and step < steps_per_epoch:  # ends: Ray's
+                self.save_resume_point(epoch, step)
         return self.figures.collect(steps_per_epoch)
+
+    def save_resume_point(self, epoch: int, step: int) -> None:
+        """Every rank snapshots and gathers (collectives); rank 0 hands the point to the recorder."""
+        weights = resume.snapshot(self.model.weights)
+        optimizer_values = resume.snapshot(self.optimizer.variables)
+        running = self.epoch_state.gather()
+        if self.client is not None:
+            meta = dict(epoch=epoch - 1, step=step, history=self.history, **resume.counts(weights, optimizer_values))
+            self.client.save_resume_point(resume.state_arrays(weights, optimizer_values, running), meta)
+
+    def _point_name(self, epoch: int) -> str:
+        """Ray's folder for an epoch end: never a name a damaged point still holds (Ray deletes by name)."""
+        name = position_name(epoch)
+        return unused_name(Path(self.run_folder), name) if self.run_folder else name
 
     def _mark(self, phase: str) -> None:
         """Rank 0 tells the recorder when a start-up phase ended (rayparallel.startup)."""

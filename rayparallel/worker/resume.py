@@ -1,25 +1,23 @@
-"""Resume state: what Ray Train checkpoints so a restarted worker group continues exactly.
+"""Resume state: what a restarted worker group needs to continue exactly, on any worker count.
 
-Kept apart from the exported weight files: model weights, the optimizer's variables (step
-count, moments), and the position (the next epoch; data order and RNG derive from
-`(seed, epoch)`). Saved at epoch ends only, so stateful streams resume at a boundary where
-their states are reset anyway.
-
-A crash mid-write or a full disk can leave a damaged `state.npz`: its SHA-256 is in
-`meta.json`, and a resume takes the newest intact checkpoint (the driver says which it
-skipped and why; every rank makes the same choice).
+Model weights, the optimizer's variables (step count, moments) and the position: data order
+and RNG derive from `(seed, epoch)`, so a position is an epoch and a step. Epoch ends go to
+Ray Train as checkpoints; with `run.resume_every_n_steps`, points inside an epoch also carry
+the running epoch (`EpochState`: loss and metric sums over all workers, every stream's RNN
+state in stream order), so whichever rank owns a stream after a restart gets its state.
+The files are `rayparallel.checkpoint.resume_state`'s.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..checkpoint.resume_state import damage, read_state, write_state
 from ..errors import RayParallelError
 
 if TYPE_CHECKING:
@@ -27,7 +25,8 @@ if TYPE_CHECKING:
     import ray.train
     import tensorflow as tf
 
-STATE, META = "state.npz", "meta.json"
+    from .step import Steps
+    from .sync import Reducer
 
 
 def snapshot(variables: list) -> list:
@@ -51,108 +50,109 @@ def digest(arrays: list) -> str:
     return sha.hexdigest()
 
 
+def state_arrays(weights: list, optimizer_values: list, epoch_state: dict | None = None) -> dict:
+    """The arrays of one resume point (`rayparallel.checkpoint.resume_state` names them)."""
+    arrays = {f"w{i}": w for i, w in enumerate(weights)}  # tensors or arrays: converted where they are written
+    arrays.update({f"o{i}": v for i, v in enumerate(optimizer_values)})
+    arrays.update(epoch_state or {})
+    return arrays
+
+
+def counts(weights: list, optimizer_values: list) -> dict:
+    return {"weights": len(weights), "optimizer": len(optimizer_values)}
+
+
 def to_checkpoint(weights: list, optimizer_values: list, meta: dict) -> ray.train.Checkpoint:
-    """A `ray.train.Checkpoint` in a fresh temp folder (Ray copies it to storage_path)."""
+    """An epoch end as a `ray.train.Checkpoint` in a fresh temp folder (Ray copies it to storage_path)."""
     import ray.train
 
     folder = Path(tempfile.mkdtemp(prefix="rayparallel-resume-"))
-    arrays = {f"w{i}": np.asarray(w) for i, w in enumerate(weights)}
-    arrays.update({f"o{i}": np.asarray(v) for i, v in enumerate(optimizer_values)})
-    np.savez(folder / STATE, **arrays)
-    counts = {"weights": len(weights), "optimizer": len(optimizer_values), "state_sha256": _file_sha256(folder / STATE)}
-    (folder / META).write_text(json.dumps(dict(meta, **counts)))
+    write_state(folder, state_arrays(weights, optimizer_values), dict(meta, **counts(weights, optimizer_values)))
     return ray.train.Checkpoint.from_directory(str(folder))
 
 
-def damage(folder: Path) -> str | None:
-    """Why the resume state in `folder` cannot be used, or None when it is intact."""
-    try:
-        meta = json.loads((folder / META).read_text())
-    except (OSError, ValueError) as exc:
-        return f"{META} unreadable ({type(exc).__name__})"
-    if "state_sha256" in meta and (
-        not (folder / STATE).is_file() or _file_sha256(folder / STATE) != meta["state_sha256"]
-    ):
-        return f"{STATE} does not match its checksum (truncated or overwritten)"
-    try:
-        with np.load(folder / STATE) as arrays:
-            missing = [k for k in (f"w{meta['weights'] - 1}", f"o{meta['optimizer'] - 1}") if k not in arrays]
-    except Exception as exc:  # NumPy raises several kinds for a damaged archive
-        return f"{STATE} unreadable ({type(exc).__name__})"
-    return f"{STATE} lacks {missing}" if missing else None
+def read_point(folder: str | None, checkpoint: ray.train.Checkpoint | None) -> tuple[dict, dict] | None:
+    """(arrays, meta) of the point to resume from, or None for a fresh start.
 
-
-def newest_intact(folders: list[Path]) -> tuple[Path | None, list[str]]:
-    """The newest folder whose resume state is intact, and `name: why` for each newer one skipped."""
-    skipped = []
-    for folder in sorted(folders, key=lambda f: f.name, reverse=True):
-        why = damage(folder)
-        if why is None:
-            return folder, skipped
-        skipped.append(f"{folder.name}: {why}")
-    return None, skipped
-
-
-def _intact_folder(latest: Path, checkpoint: ray.train.Checkpoint) -> Path:
-    """`latest`, or the newest intact checkpoint before it beside it in local (or mounted) storage."""
-    candidates = [latest]
-    if _is_local(checkpoint):
-        candidates = [f for f in latest.parent.glob("epoch-*") if f.is_dir() and f.name <= latest.name]
-    folder, skipped = newest_intact(candidates)
-    if folder is None:
-        raise RayParallelError(
-            f"resume state: expected an intact checkpoint in {str(latest.parent)!r}, received none ({'; '.join(skipped)})"
-        )
-    return folder
-
-
-def folder_name(epoch: int, resumed: ray.train.Checkpoint | None) -> str:
-    """`epoch-0003`, or `epoch-0003-2` when a resume past a damaged checkpoint trains its epoch again.
-
-    Ray's retention deletes checkpoints by folder: a new one under a damaged one's name would
-    be deleted with the old entry. Names still sort in training order.
+    `folder` is the recorder's choice in local or mounted storage (the newest intact point,
+    epoch ends and the steps between), the same answer for every rank. Storage elsewhere
+    (s3://...) holds epoch ends only: Ray's latest checkpoint, which must be intact.
     """
-    name = f"epoch-{epoch:04d}"
-    if resumed is None or not _is_local(resumed):
-        return name
-    parent, candidate, n = Path(resumed.path).parent, name, 1
-    while (parent / candidate).exists():
-        n += 1
-        candidate = f"{name}-{n}"
-    return candidate
-
-
-def _is_local(checkpoint: ray.train.Checkpoint) -> bool:
-    from pyarrow.fs import LocalFileSystem
-
-    return isinstance(checkpoint.filesystem, LocalFileSystem)
-
-
-def _file_sha256(path: Path) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            sha.update(block)
-    return sha.hexdigest()
+    if folder is not None:
+        return read_state(Path(folder))
+    if checkpoint is None:
+        return None
+    with checkpoint.as_directory() as local:
+        why = damage(Path(local))
+        if why is not None:
+            raise RayParallelError(f"resume state: expected an intact checkpoint, received {checkpoint.path} ({why})")
+        return read_state(Path(local))
 
 
 def restore(
-    checkpoint: ray.train.Checkpoint | None,
+    arrays: dict,
+    meta: dict,
     strategy: tf.distribute.Strategy,
     model: keras.Model,
     optimizer: keras.optimizers.Optimizer,
-) -> dict | None:
-    """Load resume state into the replica and optimizer; returns its meta, or None."""
-    if checkpoint is None:
-        return None
-    with checkpoint.as_directory() as latest:
-        folder = _intact_folder(Path(latest), checkpoint)
-        meta = json.loads((folder / META).read_text())
-        with np.load(folder / STATE) as arrays:
-            weights = [arrays[f"w{i}"] for i in range(meta["weights"])]
-            optimizer_values = [arrays[f"o{i}"] for i in range(meta["optimizer"])]
+) -> None:
+    """Load a point's weights and optimizer variables into the replica."""
+    weights = [arrays[f"w{i}"] for i in range(meta["weights"])]
+    optimizer_values = [arrays[f"o{i}"] for i in range(meta["optimizer"])]
     with strategy.scope():
         model.set_weights(weights)
         for variable, value in zip(optimizer.variables, optimizer_values, strict=True):
             variable.assign(value)
-    return meta
+
+
+class EpochState:
+    """The running epoch as a point inside it needs it, the same arrays on every rank.
+
+    Loss and metric states are summed over the workers (a restart puts the sums on rank 0
+    and zeros elsewhere: figures are summed again at the epoch's end), and each stateful
+    layer's states are gathered into the global batch's stream order (`rows` is this rank's
+    slice of it), so the arrays do not depend on the worker count.
+    """
+
+    def __init__(self, steps: Steps, reducer: Reducer, stateful: list, rows: tuple[int, int], global_batch: int):
+        import keras
+
+        self._steps, self._reducer = steps, reducer
+        self._rows, self._global_batch = rows, global_batch
+        self._metric_variables = [v for m in steps.metrics for v in m.variables]
+        self._stream_states = [v for layer in stateful for v in keras.tree.flatten(layer.states)]
+        scale = steps.loss_scale
+        self._own = [scale.value, scale.good_steps] if scale is not None else []  # identical on every rank
+
+    def gather(self) -> dict[str, np.ndarray]:
+        """A collective: every rank calls it at the same step."""
+        start, stop = self._rows
+        placed = []
+        for state in self._stream_states:
+            full = np.zeros((self._global_batch, *state.shape[1:]))
+            full[start:stop] = np.asarray(state.numpy())
+            placed.append(full)
+        local = [np.asarray(self._steps.loss_total.numpy())] + [np.asarray(v.numpy()) for v in self._metric_variables]
+        loss_total, *rest = self._reducer.sum(local + placed)
+        metrics, streams = rest[: len(self._metric_variables)], rest[len(self._metric_variables) :]
+        arrays = {"e_loss_total": np.asarray(loss_total)}
+        arrays.update({f"e_metric{i}": value for i, value in enumerate(metrics)})
+        arrays.update({f"e_stream{i}": value for i, value in enumerate(streams)})
+        arrays.update({f"e_own{i}": np.asarray(v.numpy()) for i, v in enumerate(self._own)})
+        return arrays
+
+    def load(self, arrays: dict, steps_done: int, rank: int) -> None:
+        """Into freshly reset states: the sums on rank 0, this rank's streams everywhere."""
+        start, stop = self._rows
+
+        def on_rank_0(value: np.ndarray) -> np.ndarray:
+            return value if rank == 0 else np.zeros_like(value)
+
+        self._steps.loss_total.assign(on_rank_0(arrays["e_loss_total"]))
+        for i, variable in enumerate(self._metric_variables):  # Keras variables: dtype is a NumPy name
+            variable.assign(on_rank_0(arrays[f"e_metric{i}"]).astype(variable.dtype))
+        for i, state in enumerate(self._stream_states):
+            state.assign(arrays[f"e_stream{i}"][start:stop].astype(state.dtype))
+        for i, variable in enumerate(self._own):
+            variable.assign(arrays[f"e_own{i}"])
+        self._steps.steps_run.assign(steps_done)

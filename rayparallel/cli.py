@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .api import validate
 
             job = validate(args.job, args.overrides)
-            print(f"{args.job}: valid ({job.scaling.num_workers} workers x batch {job.batch_split})")
+            print(f"{args.job}: valid ({job.scaling.described} workers x batch {job.batch_split()})")
         else:
             from .api import _train
             from .startup import process_started_at

@@ -25,6 +25,7 @@ class TrainResult:
     first_step_at: float | None = None  # unix time rank 0 finished its first step
     time_to_first_step_s: float | None = None  # from the command's start to that step
     startup: dict = field(default_factory=dict)  # phase -> seconds since the command started (rayparallel.startup)
+    resizes: list[dict] = field(default_factory=list)  # elastic runs: when, from, to, at which epoch and step
 
     @property
     def final(self) -> dict[str, float]:

@@ -1,7 +1,9 @@
-"""A real two-node Ray cluster on 127.0.0.1: `ray job submit`, `rayparallel submit`, placement.
+"""A real two-node Ray cluster on 127.0.0.1: `ray job submit`, `rayparallel submit`, placement,
+elastic runs that lose and regain a node.
 
 The fixture starts a head (dashboard, 2 CPUs, 2 fake GPUs) and a second node (1 CPU) with
-`ray start --block` on their own ports, and stops only those two processes.
+`ray start --block` on their own ports, and stops only the processes it started. Each node
+has one `slot` resource, so a job asking for a slot per worker gets one worker per node.
 """
 
 from __future__ import annotations
@@ -12,14 +14,20 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 
-from .helpers import REPO, cli, free_port, max_relative_error
+from tests.models import lstm_job
+
+from .helpers import REPO, cli, final_weights, free_port, max_relative_error
 
 pytestmark = pytest.mark.slow
 
 AUTH = {"RAY_AUTH_MODE": "token"}
+# A lost node is declared dead after about 3 s here (Ray's defaults: 3 s x 5 missed checks)
+FAST_NODE_DEATH = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
 PORT_FLAGS = (
     "node-manager-port",
     "object-manager-port",
@@ -50,7 +58,8 @@ def ray_start(*args: str, log, worker_ports: int) -> subprocess.Popen:
         str(low + 200),
         *args,
     ]
-    return subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True, env={**os.environ, **AUTH})
+    env = {**os.environ, **AUTH, **FAST_NODE_DEATH}
+    return subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -70,34 +79,87 @@ def cluster(tmp_path_factory):
         "2",
         "--num-gpus",
         "2",
+        "--resources",
+        '{"slot": 1}',
         "--ray-client-server-port",
         str(free_port()),
         log=log,
         worker_ports=61000,
     )
-    nodes = [head]
+    nodes = Nodes(head, gcs, log)
     try:
         address = f"http://127.0.0.1:{dashboard}"
         _wait_for_dashboard(address)
-        nodes.append(
-            ray_start(
-                "--address", f"127.0.0.1:{gcs}", "--num-cpus", "1", "--num-gpus", "0", log=log, worker_ports=61400
-            )
-        )
+        nodes.add()
         _wait_for_nodes(address, 2)
-        yield address
+        nodes.address = address
+        yield nodes
     finally:
-        for node in reversed(nodes):  # only the processes this fixture started
-            if node.poll() is None:
-                os.killpg(node.pid, signal.SIGTERM)
-                try:
-                    node.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(node.pid, signal.SIGKILL)
+        nodes.stop_all()
         log.close()
         marker = "/tmp/ray/ray_current_cluster"  # `ray start --head` leaves it pointing at our dead head
         if os.path.exists(marker) and open(marker).read().strip().endswith(f":{gcs}"):
             os.remove(marker)
+
+
+class Nodes:
+    """The fixture's cluster: `address` (the dashboard) and the second nodes, which a test may end and add."""
+
+    def __init__(self, head: subprocess.Popen, gcs: int, log):
+        self.address, self._gcs, self._log = "", gcs, log
+        self.started = [head]
+
+    def add(self) -> subprocess.Popen:
+        node = ray_start(
+            "--address",
+            f"127.0.0.1:{self._gcs}",
+            "--num-cpus",
+            "1",
+            "--num-gpus",
+            "0",
+            "--resources",
+            '{"slot": 1}',
+            log=self._log,
+            worker_ports=61400 + 300 * (len(self.started) - 1),
+        )
+        self.started.append(node)
+        return node
+
+    @staticmethod
+    def end(node: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
+        if node.poll() is None:
+            os.killpg(node.pid, sig)
+            try:
+                node.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(node.pid, signal.SIGKILL)
+                node.wait(timeout=10)
+
+    @staticmethod
+    def lose(node: subprocess.Popen) -> None:
+        """A node lost at once, as a failed host: SIGKILL to its raylet, its workers and everything else it started."""
+        children: dict[int, list[int]] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])  # fields after the name: state, ppid
+                children.setdefault(parent, []).append(int(stat.parent.name))
+            except (OSError, IndexError):
+                continue
+        doomed, queue = [], [node.pid]
+        while queue:
+            pid = queue.pop()
+            doomed.append(pid)
+            queue.extend(children.get(pid, []))
+        for pid in doomed:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        node.wait(timeout=10)
+
+    def stop_all(self) -> None:
+        for node in reversed(self.started):  # only the processes this fixture started
+            self.end(node)
 
 
 def _wait_for_dashboard(address: str, timeout: float = 120) -> None:
@@ -152,7 +214,7 @@ def test_ray_job_submit_spreads_workers_over_both_nodes_and_matches_one_node(clu
             "job",
             "submit",
             "--address",
-            cluster,
+            cluster.address,
             "--working-dir",
             str(REPO),
             "--",
@@ -190,7 +252,7 @@ def test_rayparallel_submit_with_one_fake_gpu_per_worker(cluster, tmp_path):
         "submit",
         "jobs/stateful_lstm.yaml",
         "--address",
-        cluster,
+        cluster.address,
         "--set",
         "train.epochs=1",
         "--set",
@@ -217,7 +279,105 @@ def test_submit_errors_are_one_line(cluster, tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     no_token = cli(
-        "submit", "jobs/stateful_lstm.yaml", "--address", cluster, env={"HOME": str(home), "RAY_AUTH_MODE": "token"}
+        "submit",
+        "jobs/stateful_lstm.yaml",
+        "--address",
+        cluster.address,
+        env={"HOME": str(home), "RAY_AUTH_MODE": "token"},
     )
     assert no_token.returncode == 2, no_token.stdout[-2000:]
     assert "expected a valid Ray auth token" in no_token.stderr and "received no token" in no_token.stderr
+
+
+def elastic_job(tmp_path, name: str, workers: int | dict) -> Path:
+    """The stateful LSTM with one worker per node (a `slot` each), resume points every 100 steps.
+
+    About 50 s of training on 1 worker: Ray Train sees a joined node within about 25 s (its
+    resource coordinator looks every 20 s, the elastic monitor here every 2 s).
+    """
+    spec = lstm_job(
+        name,
+        "data.kwargs.windows=600",  # 598 steps an epoch
+        "train.epochs=30",
+        "train.optimizer.config.learning_rate=0.01",
+        "run.resume_every_n_steps=100",
+        "failure.max_failures=3",
+    )
+    spec["scaling"] = {
+        "num_workers": workers,
+        "resources_per_worker": {"CPU": 1, "slot": 1},
+        "elastic_resize_monitor_interval_s": 2,
+    }
+    spec["mlflow"] = {"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": name}
+    job = tmp_path / f"{name}.yaml"
+    job.write_text(yaml.safe_dump(spec))
+    return job
+
+
+def submit_and_watch(cluster: Nodes, job: Path, out: Path, when: str = "", then=None) -> tuple[dict, str, float]:
+    """`ray job submit` the job; once its Ray run folder holds a resume point matching `when`, call `then()`.
+
+    Returns result.json, the console output, and when `then` was called. The driver runs on
+    the head (as submitted jobs do), so the test process's own Ray is not involved: two Ray
+    instances on one machine confuse Ray Train's clean-up actor.
+    """
+    command = [sys.executable, "-m", "ray.scripts.scripts", "job", "submit", "--address", cluster.address]
+    command += ["--working-dir", str(REPO), "--", "rayparallel", "train", str(job), "--output-dir", str(out)]
+    log = open(out.parent / f"{out.name}.log", "w+")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env={**os.environ, **AUTH})
+    deadline, acted_at = time.monotonic() + 600, 0.0
+    while when and process.poll() is None and time.monotonic() < deadline:
+        if not acted_at and (out / "run.json").exists():
+            run = json.loads((out / "run.json").read_text())
+            if any((Path(run["storage_path"]) / run["ray_run_name"]).glob(when)):
+                acted_at = time.time()
+                then()
+        time.sleep(0.05)
+    process.wait(timeout=max(1, deadline - time.monotonic()))
+    log.seek(0)
+    output = log.read()
+    assert process.returncode == 0, output[-3000:]
+    return json.loads((out / "result.json").read_text()), output, acted_at
+
+
+def test_elastic_run_shrinks_when_a_node_is_lost_and_grows_when_one_joins(cluster, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from tests.models import stateful_lstm
+
+    fixed, _, _ = submit_and_watch(cluster, elastic_job(tmp_path, "elastic-fixed", 1), tmp_path / "fixed")
+    reference = final_weights(fixed["final_weights"], stateful_lstm)
+    elastic = {"min": 1, "max": 2}
+
+    second = cluster.started[1]
+    job = elastic_job(tmp_path, "elastic-shrink", elastic)
+    result, output, lost_at = submit_and_watch(
+        cluster, job, tmp_path / "shrink", "epoch-0001-step-*", lambda: cluster.lose(second)
+    )
+    assert lost_at, output[-3000:]
+    resize = result["resizes"][0]
+    assert (resize["from"], resize["to"]) == (2, 1) and resize["epoch"] == 2, result["resizes"]
+    assert f"resized 2 -> 1 workers at epoch 2 step {resize['step']} (per-worker batch 3 -> 6)" in output
+    assert 0 < resize["step"] < 598  # inside the epoch: from a resume point, not the epoch's start
+    shrink_error = max_relative_error(final_weights(result["final_weights"], stateful_lstm), reference)
+    shrink_seconds = resize["first_step_at"] - lost_at
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("elastic-shrink").experiment_id])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "val_loss")] == list(range(1, 31))
+    assert [m.value for m in client.get_metric_history(runs[0].info.run_id, "num_workers")] == [2, 1]
+
+    job = elastic_job(tmp_path, "elastic-grow", elastic)  # the second node is gone: starts on 1 worker
+    result, output, joined_at = submit_and_watch(cluster, job, tmp_path / "grow", "epoch-0000-step-*", cluster.add)
+    assert joined_at, output[-3000:]
+    resize = result["resizes"][0]
+    assert (resize["from"], resize["to"]) == (1, 2), result["resizes"]
+    assert len(result["workers"]) == 2 and len({w["node_id"] for w in result["workers"]}) == 2
+    grow_error = max_relative_error(final_weights(result["final_weights"], stateful_lstm), reference)
+    print(
+        f"elastic: lost a node at epoch 2 -> 1 worker, max relative weight error {shrink_error:.2e}, "
+        f"{shrink_seconds:.1f} s from the node loss to the first step of the new group; "
+        f"a node joined -> 2 workers, error {grow_error:.2e}, "
+        f"{resize['first_step_at'] - joined_at:.1f} s from `ray start` to the first step of the new group"
+    )
+    assert shrink_error < 1e-5 and grow_error < 1e-5

@@ -25,10 +25,16 @@ def with_(**sections):
 
 def test_defaults_and_per_worker_batch():
     spec = load_spec(with_(scaling__num_workers=2))
-    assert spec.per_worker_batch_size == 4 and spec.batch_split == "4"
+    assert spec.per_worker_batch_size == 4 and spec.batch_split() == "4"
     uneven = load_spec(with_(train__global_batch_size=16, scaling__num_workers=3))
-    assert uneven.worker_batch_sizes == [6, 5, 5] and uneven.batch_split == "6,5,5"
+    assert uneven.worker_batch_sizes() == [6, 5, 5] and uneven.batch_split() == "6,5,5"
     assert uneven.per_worker_batch_size == 6
+    elastic = load_spec(
+        with_(train__global_batch_size=16, scaling__num_workers={"min": 2, "max": 3}), ["failure.max_failures=2"]
+    )
+    assert elastic.scaling.elastic and (elastic.scaling.min_workers, elastic.scaling.max_workers) == (2, 3)
+    assert elastic.batch_split(2) == "8" and elastic.possible_batch_sizes == [5, 6, 8]
+    assert elastic.to_dict()["scaling"]["num_workers"] == {"min": 2, "max": 3}  # job.yaml round trip
     assert spec.train.epochs == 1 and spec.data.layout == "shuffle"
     assert spec.scaling.placement_strategy == "PACK"
 
@@ -68,6 +74,38 @@ def test_overrides_are_yaml_typed_and_dotted():
             "one row of every batch), received 10",
         ),
         (with_(train__epochs=0), [], "train.epochs: expected a positive number, received 0"),
+        (with_(scaling__num_workers=0), [], "scaling.num_workers: expected a positive number, received 0"),
+        (
+            with_(scaling__num_workers={"min": 3, "max": 2}),
+            ["failure.max_failures=1"],
+            "scaling.num_workers: expected min <= max, received min 3, max 2",
+        ),
+        (
+            with_(scaling__num_workers={"min": 0, "max": 2}),
+            ["failure.max_failures=1"],
+            "scaling.num_workers.min: expected at least 1 worker, received 0",
+        ),
+        (
+            with_(scaling__num_workers={"min": 1, "max": 9}),
+            ["failure.max_failures=1"],
+            "scaling.num_workers.max: expected at most train.global_batch_size=8 workers",
+        ),
+        (
+            with_(scaling__num_workers={"min": 1, "max": 2}),
+            [],
+            "failure.max_failures: expected at least 1 with elastic scaling",
+        ),
+        (with_(scaling__num_workers={"min": 1}), [], "scaling.num_workers.max: required key is missing"),
+        (
+            with_(run__resume_every_n_steps=0),
+            [],
+            "run.resume_every_n_steps: expected a positive number of steps or null",
+        ),
+        (
+            with_(run__resume_every_n_steps=5, run__storage_path="s3://bucket/runs"),
+            [],
+            "run.resume_every_n_steps: expected a run.storage_path on a local or mounted file system",
+        ),
         (with_(train__global_batch_size=-4), [], "train.global_batch_size: expected a positive number, received -4"),
         (with_(train__epoch=3), [], "train.epoch: unknown key; expected one of"),
         (with_(train__epochs="three"), [], "train.epochs: expected an integer, received 'three' (str)"),

@@ -68,9 +68,9 @@ def check_capacity(spec: JobSpec) -> None:
     if spec.scaling.use_gpu:
         need.setdefault("GPU", 1)
     for resource, amount in need.items():
-        total = amount * spec.scaling.num_workers
+        total = amount * spec.scaling.min_workers  # an elastic run starts with what there is, at least min
         if total > available.get(resource, 0) + 1e-9:
             raise RayParallelError(
-                f"scaling: expected the cluster to have {total:g} {resource} for {spec.scaling.num_workers} workers "
+                f"scaling: expected the cluster to have {total:g} {resource} for {spec.scaling.min_workers} workers "
                 f"x {amount:g}, received a cluster with {available.get(resource, 0):g} {resource}"
             )

@@ -32,7 +32,7 @@ from ..startup import describe, relative
 from ..worker.loop import train_loop_per_worker
 from . import connect as cluster
 from .backend import TensorflowBackendConfig
-from .progress import ConsoleProgress, format_logs
+from .progress import ConsoleProgress, describe_resize, format_logs
 from .run_state import RunState, folder_held, plan_run
 
 if TYPE_CHECKING:
@@ -44,6 +44,9 @@ if TYPE_CHECKING:
 # every epoch of a short-epoch job lasted at least 2 s (the default job: 30 s of waiting
 # for 5 s of training). A user's own setting wins.
 HEALTH_CHECK_INTERVAL = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
+# After a lost node Ray's resource view still counts it for a while and the controller waits for
+# a worker group that cannot be placed (60 s by default) before it tries fewer workers.
+ELASTIC_START_TIMEOUT = ("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "20")
 
 
 @dataclass
@@ -80,6 +83,7 @@ def launch(spec: JobSpec, run: Launch) -> TrainResult:
 def _fit(spec: JobSpec, run: Launch) -> TrainResult:
     output_dir = run.output_dir
     say = print if run.verbose else (lambda *_: None)
+    scaling_config = _scaling_config(spec)  # first: a Ray without elastic training is an error before any write
     storage_path = spec.run.storage_path or str(output_dir / "ray_results")
     state, point = plan_run(spec.name, output_dir, storage_path, run.resume)
     for skipped in point.skipped if point else []:
@@ -113,20 +117,19 @@ def _fit(spec: JobSpec, run: Launch) -> TrainResult:
             say(_tracking_line("started", event["info"]))
             state.mlflow_run_id = event["info"]["run_id"]
             state.save(output_dir)
+        elif event["kind"] == "resize":
+            say(f"rayparallel: {describe_resize(event['resize'])}")
         elif progress:
             progress.show(event)
 
     os.environ.setdefault(*HEALTH_CHECK_INTERVAL)  # read from here by the controller (Ray propagates it)
+    if spec.scaling.elastic:
+        os.environ.setdefault(*ELASTIC_START_TIMEOUT)
     trainer = DataParallelTrainer(
         train_loop_per_worker,
         backend_config=TensorflowBackendConfig(),
         train_loop_config={"spec": spec, "actor": actor, "search_path": run.search_path},
-        scaling_config=ScalingConfig(
-            num_workers=spec.scaling.num_workers,
-            use_gpu=spec.scaling.use_gpu,
-            resources_per_worker=spec.scaling.resources_per_worker or None,
-            placement_strategy=spec.scaling.placement_strategy,
-        ),
+        scaling_config=scaling_config,
         run_config=RunConfig(
             name=state.ray_run_name,
             storage_path=storage_path,
@@ -195,6 +198,27 @@ def _run_with_progress(
             show(event)
         if not thread.is_alive():
             return outcome.get("error")
+
+
+def _scaling_config(spec: JobSpec) -> ScalingConfig:
+    scaling = spec.scaling
+    elastic = {}
+    if scaling.elastic:
+        if "elastic_resize_monitor_interval_s" not in ScalingConfig.__dataclass_fields__:
+            raise RayParallelError(
+                f"scaling.num_workers: expected a Ray with elastic training (2.50 or newer) for "
+                f"{{min: {scaling.min_workers}, max: {scaling.max_workers}}}, received Ray {ray.__version__}"
+            )
+        elastic = {
+            "num_workers": (scaling.min_workers, scaling.max_workers),
+            "elastic_resize_monitor_interval_s": scaling.elastic_resize_monitor_interval_s,
+        }
+    return ScalingConfig(
+        **(elastic or {"num_workers": scaling.num_workers}),
+        use_gpu=scaling.use_gpu,
+        resources_per_worker=scaling.resources_per_worker or None,
+        placement_strategy=scaling.placement_strategy,
+    )
 
 
 def _tracking_config(spec: JobSpec, output_dir: Path, state: RunState) -> dict | None:

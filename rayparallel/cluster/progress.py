@@ -10,6 +10,14 @@ def format_logs(logs: dict) -> str:
     return " - ".join(f"{k}: {v:.4g}" for k, v in logs.items() if k not in ("epoch", "samples_per_s"))
 
 
+def describe_resize(resize: dict) -> str:
+    """One line for a worker group that restarted with another size (see RunRecorder.register_worker)."""
+    return (
+        f"resized {resize['from']} -> {resize['to']} workers at epoch {resize['epoch']} step {resize['step']} "
+        f"(per-worker batch {resize['batch_from']} -> {resize['batch_to']})"
+    )
+
+
 class ConsoleProgress:
     def __init__(self, epochs: int, stream: TextIO | None = None):
         self.epochs, self.stream = epochs, stream or sys.stdout

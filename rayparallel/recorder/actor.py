@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +58,8 @@ class RunRecorder:
         self._history: dict[int, dict] = {}
         self._workers: dict[int, dict] = {}
         self._startup: dict[str, float] = {}  # phase -> unix time, the first time it is reached
+        self._world: int | None = None  # the live worker group's size
+        self._resizes: list[dict] = []
         self._tracking: MlflowRun | None = None
         self._announced = False  # the driver was told the MLflow run exists
         if tracking:
@@ -65,9 +68,30 @@ class RunRecorder:
 
     # -- from the workers -------------------------------------------------------------
     def register_worker(self, info: dict) -> None:
+        """Every rank of every worker group; a group of another size than the last is a resize."""
+        world = info["world"]
         with self._lock:
+            changed = world != self._world
+            if changed and self._world is not None:
+                resize = {
+                    "at": time.time(),
+                    "from": self._world,
+                    "to": world,
+                    "epoch": info["resumed_from_epoch"] + 1,
+                    "step": info["resumed_from_step"],
+                    "batch_from": self._spec.batch_split(self._world),
+                    "batch_to": self._spec.batch_split(world),
+                    "first_step_at": None,  # when the new group's rank 0 finished its first step
+                }
+                self._resizes.append(resize)
+                self._events.append({"kind": "resize", "resize": resize})
+            if changed:
+                self._world = world
+                self._workers = {rank: w for rank, w in self._workers.items() if rank < world}
             self._workers[info["rank"]] = info
-            complete = len(self._workers) == self._spec.scaling.num_workers
+            complete = len(self._workers) == world
+        if changed and self._tracking:
+            self._tracking.log_metrics({"num_workers": world}, step=info["global_step"])
         if complete and self._tracking:
             self._tracking.set_tags(worker_tags(self._workers.values()))
 
@@ -109,6 +133,8 @@ class RunRecorder:
         """Rank 0 reached a start-up phase (rayparallel.startup.PHASES) at unix time `at`."""
         with self._lock:
             self._startup.setdefault(phase, at)
+            if phase == "first_step_done" and self._resizes and self._resizes[-1]["first_step_at"] is None:
+                self._resizes[-1]["first_step_at"] = at
 
     def best_value(self) -> float | None:
         """The monitor's best among saved files, so a restarted rank 0 keeps `save_best_only` right."""
@@ -206,6 +232,7 @@ class RunRecorder:
                 "workers": [self._workers[r] for r in sorted(self._workers)],
                 "first_step_at": self._startup.get("first_step_done"),
                 "startup_marks": dict(self._startup),
+                "resizes": list(self._resizes),
             }
 
     # -- internals ----------------------------------------------------------------------

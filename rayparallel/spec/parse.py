@@ -25,7 +25,7 @@ _POSITIVE = {
     "train.global_batch_size",
     "train.epochs",
     "train.initial_loss_scale",
-    "scaling.num_workers",
+    "scaling.elastic_resize_monitor_interval_s",
     "run.collective_timeout_s",
     "run.checkpoints_to_keep",
     "mlflow.model_batch_size",
@@ -120,12 +120,14 @@ def _coerce(value: Any, hint: Any, path: str) -> Any:
         return _build(hint, value, path)
     origin = typing.get_origin(hint)
     if origin in (Union, types.UnionType):
+        section_error = None  # a mapping meant for a section: its own error says more than the union's
         for option in typing.get_args(hint):
             try:
                 return _coerce(value, option, path)
-            except SpecError:
-                continue
-        raise SpecError(f"{path}: expected {_type_name(hint)}, received {describe(value)}")
+            except SpecError as exc:
+                if isinstance(value, dict) and dataclasses.is_dataclass(option):
+                    section_error = exc
+        raise section_error or SpecError(f"{path}: expected {_type_name(hint)}, received {describe(value)}")
     if origin is Literal:
         choices = typing.get_args(hint)
         if value not in choices:
@@ -170,12 +172,7 @@ def _check_values(spec: JobSpec) -> None:
             "name: expected letters, digits, '.', '_' or '-' (it names the output folder and the Ray run), "
             f"received {spec.name!r}"
         )
-    batch, workers = spec.train.global_batch_size, spec.scaling.num_workers
-    if workers > batch:
-        raise SpecError(
-            f"scaling.num_workers: expected at most train.global_batch_size={batch} workers "
-            f"(each worker needs at least one row of every batch), received {workers}"
-        )
+    _check_workers(spec)
     for key, ref in (("model.builder", spec.model.builder), ("data.loader", spec.data.loader)):
         module, sep, attr = ref.partition(":")
         if not (sep and module and attr):
@@ -186,6 +183,29 @@ def _check_values(spec: JobSpec) -> None:
             raise SpecError(
                 f"scaling.resources_per_worker.{name}: expected a non-negative number, received {describe(amount)}"
             )
+
+
+def _check_workers(spec: JobSpec) -> None:
+    scaling, batch = spec.scaling, spec.train.global_batch_size
+    key = "scaling.num_workers.max" if scaling.elastic else "scaling.num_workers"
+    if scaling.elastic and scaling.min_workers < 1:
+        raise SpecError(f"scaling.num_workers.min: expected at least 1 worker, received {scaling.min_workers!r}")
+    if scaling.elastic and scaling.min_workers > scaling.max_workers:
+        raise SpecError(
+            f"scaling.num_workers: expected min <= max, received min {scaling.min_workers}, max {scaling.max_workers}"
+        )
+    if scaling.max_workers < 1:
+        raise SpecError(f"{key}: expected a positive number, received {scaling.max_workers!r}")
+    if scaling.max_workers > batch:
+        raise SpecError(
+            f"{key}: expected at most train.global_batch_size={batch} workers "
+            f"(each worker needs at least one row of every batch), received {scaling.max_workers}"
+        )
+    if scaling.elastic and spec.failure.max_failures == 0:
+        raise SpecError(
+            "failure.max_failures: expected at least 1 with elastic scaling (a lost node is a failure the run "
+            "restarts from), received 0"
+        )
 
 
 def _check_checkpoint(spec: JobSpec) -> None:
@@ -224,4 +244,6 @@ def _type_name(hint: Any) -> str:
         return " or ".join(_type_name(h) for h in typing.get_args(hint))
     if typing.get_origin(hint) is Literal:
         return " or ".join(repr(choice) for choice in typing.get_args(hint))
+    if dataclasses.is_dataclass(hint):
+        return "{" + ", ".join(f"{f.name}: ..." for f in dataclasses.fields(hint)) + "}"
     return names.get(typing.get_origin(hint) or hint, getattr(hint, "__name__", str(hint)))

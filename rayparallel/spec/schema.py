@@ -74,13 +74,39 @@ class TrainSpec:
 
 
 @dataclass
+class WorkerRange:
+    """`num_workers: {min: m, max: M}`: Ray Train's elastic scaling, `ScalingConfig(num_workers=(m, M))`."""
+
+    min: int
+    max: int
+
+
+@dataclass
 class ScalingSpec:
     """Ray's `ScalingConfig` words."""
 
-    num_workers: int = 1
+    num_workers: int | WorkerRange = 1
     use_gpu: bool = False
     resources_per_worker: dict = field(default_factory=dict)
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    elastic_resize_monitor_interval_s: float = 60.0  # how often an elastic run looks for more room
+
+    @property
+    def elastic(self) -> bool:
+        return isinstance(self.num_workers, WorkerRange)
+
+    @property
+    def min_workers(self) -> int:
+        return self.num_workers.min if self.elastic else self.num_workers
+
+    @property
+    def max_workers(self) -> int:
+        return self.num_workers.max if self.elastic else self.num_workers
+
+    @property
+    def described(self) -> str:
+        """ "2", or "1-4" for an elastic range."""
+        return f"{self.min_workers}-{self.max_workers}" if self.elastic else str(self.num_workers)
 
 
 @dataclass
@@ -160,22 +186,28 @@ class JobSpec:
 
     @property
     def per_worker_batch_size(self) -> int:
-        """Rank 0's batch: the largest (the recorder and export build at it; weights fit any)."""
+        """Rank 0's batch at the most workers: the largest (the recorder and export build at it; weights fit any)."""
         return self.worker_batch_size(0)
 
-    def worker_batch_size(self, rank: int) -> int:
-        start, stop = rank_rows(self.train.global_batch_size, self.scaling.num_workers, rank)
+    def worker_batch_size(self, rank: int, world: int | None = None) -> int:
+        """Rank `rank`'s batch among `world` workers (default: the most the job runs on)."""
+        start, stop = rank_rows(self.train.global_batch_size, world or self.scaling.max_workers, rank)
         return stop - start
 
-    @property
-    def worker_batch_sizes(self) -> list[int]:
-        return [self.worker_batch_size(rank) for rank in range(self.scaling.num_workers)]
+    def worker_batch_sizes(self, world: int | None = None) -> list[int]:
+        world = world or self.scaling.max_workers
+        return [self.worker_batch_size(rank, world) for rank in range(world)]
+
+    def batch_split(self, world: int | None = None) -> str:
+        """The per-worker batches as people read them: "4", or "6,5,5" when they differ."""
+        sizes = self.worker_batch_sizes(world)
+        return str(sizes[0]) if len(set(sizes)) == 1 else ",".join(map(str, sizes))
 
     @property
-    def batch_split(self) -> str:
-        """The per-worker batches as people read them: "4", or "6,5,5" when they differ."""
-        sizes = self.worker_batch_sizes
-        return str(sizes[0]) if len(set(sizes)) == 1 else ",".join(map(str, sizes))
+    def possible_batch_sizes(self) -> list[int]:
+        """Every per-worker batch any worker count of the job gives (an elastic run may take each)."""
+        worlds = range(self.scaling.min_workers, self.scaling.max_workers + 1)
+        return sorted({size for world in worlds for size in self.worker_batch_sizes(world)})
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict

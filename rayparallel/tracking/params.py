@@ -36,8 +36,8 @@ def run_params(spec: JobSpec) -> dict[str, str]:
     params = flatten(mask(spec.to_dict()))
     params.update(
         {
-            "num_workers": str(spec.scaling.num_workers),
-            "per_worker_batch_size": spec.batch_split,
+            "num_workers": spec.scaling.described,
+            "per_worker_batch_size": spec.batch_split(),
             "version.ray": version("ray"),
             "version.tensorflow": version("tensorflow"),
             "version.keras": version("keras"),

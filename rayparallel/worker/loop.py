@@ -53,9 +53,10 @@ class WorkerRun:
 
         import keras
 
-        local = replica.batch_dependent_variables(spec.model, spec.worker_batch_sizes, spec.train.dtype_policy)
+        sizes = spec.worker_batch_sizes(self.world)  # an elastic run's world differs from start to start
+        local = replica.batch_dependent_variables(spec.model, sizes, spec.train.dtype_policy)
         keras.utils.set_random_seed(spec.train.seed)  # after the probe builds: the replica starts as in one process
-        self.global_batch, self.per_worker = spec.train.global_batch_size, spec.worker_batch_size(self.rank)
+        self.global_batch, self.per_worker = spec.train.global_batch_size, sizes[self.rank]
         self.data = shards.load_data(spec.data, self.global_batch)
         self._mark("data_loaded")
         with self.strategy.scope():
@@ -112,6 +113,8 @@ class WorkerRun:
                 "pid": os.getpid(),
                 "resumed_from_epoch": self.start_epoch,
                 "resumed_from_step": self.start_step,  # steps into the next epoch
+                "world": self.world,
+                "global_step": self.start_epoch * self.steps_per_epoch + self.start_step,
             }
         )
 

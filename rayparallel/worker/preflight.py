@@ -26,7 +26,7 @@ def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
     """Load the data, build the replica at the per-worker batch, resolve optimizer/loss/metrics."""
     import_tensorflow(verbose=native_logs)
     data = shards.load_data(spec.data, spec.train.global_batch_size)
-    replica.batch_dependent_variables(spec.model, spec.worker_batch_sizes, spec.train.dtype_policy)  # uneven split
+    replica.batch_dependent_variables(spec.model, spec.possible_batch_sizes, spec.train.dtype_policy)  # uneven splits
     model = build_model(spec.model, spec.per_worker_batch_size, spec.train.dtype_policy)
     replica.make_optimizer(spec.train.optimizer)
     replica.per_sample_loss(spec.train.loss)

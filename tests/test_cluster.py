@@ -290,17 +290,19 @@ def test_submit_errors_are_one_line(cluster, tmp_path):
 
 
 def elastic_job(tmp_path, name: str, workers: int | dict) -> Path:
-    """The stateful LSTM with one worker per node (a `slot` each), resume points every 100 steps.
+    """The stateful LSTM with one worker per node (a `slot` each), resume points every 20 steps.
 
-    About 50 s of training on 1 worker: Ray Train sees a joined node within about 25 s (its
-    resource coordinator looks every 20 s, the elastic monitor here every 2 s).
+    About 40 s of training on 1 worker: Ray Train sees a joined node within about 25 s (its
+    resource coordinator looks every 20 s, the elastic monitor here every 2 s). Many short
+    epochs fill that time with few steps: float32 sums in another order drift apart with
+    every step (30 epochs of 598 steps ended 1.9e-5 apart, past the 1e-5 the test asks).
     """
     spec = lstm_job(
         name,
-        "data.kwargs.windows=600",  # 598 steps an epoch
-        "train.epochs=30",
-        "train.optimizer.config.learning_rate=0.01",
-        "run.resume_every_n_steps=100",
+        "data.kwargs.windows=40",  # 38 steps an epoch
+        "train.epochs=120",
+        "train.optimizer.config.learning_rate=0.005",
+        "run.resume_every_n_steps=20",
         "failure.max_failures=3",
     )
     spec["scaling"] = {
@@ -358,13 +360,13 @@ def test_elastic_run_shrinks_when_a_node_is_lost_and_grows_when_one_joins(cluste
     resize = result["resizes"][0]
     assert (resize["from"], resize["to"]) == (2, 1) and resize["epoch"] == 2, result["resizes"]
     assert f"resized 2 -> 1 workers at epoch 2 step {resize['step']} (per-worker batch 3 -> 6)" in output
-    assert 0 < resize["step"] < 598  # inside the epoch: from a resume point, not the epoch's start
+    assert 0 < resize["step"] < 38  # inside the epoch: from a resume point, not the epoch's start
     shrink_error = max_relative_error(final_weights(result["final_weights"], stateful_lstm), reference)
     shrink_seconds = resize["first_step_at"] - lost_at
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("elastic-shrink").experiment_id])
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
-    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "val_loss")] == list(range(1, 31))
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "val_loss")] == list(range(1, 121))
     assert [m.value for m in client.get_metric_history(runs[0].info.run_id, "num_workers")] == [2, 1]
 
     job = elastic_job(tmp_path, "elastic-grow", elastic)  # the second node is gone: starts on 1 worker

@@ -214,7 +214,9 @@ class WorkerRun:
         optimizer_values = resume.snapshot(self.optimizer.variables)
         running = self.epoch_state.gather()
         if self.client is not None:
-            meta = dict(epoch=epoch - 1, step=step, history=self.history, **resume.counts(weights, optimizer_values))
+            meta = dict(
+                epoch=epoch - 1, step=step, history=list(self.history), **resume.counts(weights, optimizer_values)
+            )
             self.client.save_resume_point(resume.state_arrays(weights, optimizer_values, running), meta)
 
     def _point_name(self, epoch: int) -> str:

@@ -1,4 +1,4 @@
-"""Rank 0's side of checkpointing: hand the weights over and keep training.
+"""Rank 0's side of checkpointing: hand the weights (or a resume point) over and keep training.
 
 The training loop only pays for a snapshot of the weights (tensors that later steps do not
 change, taken by the worker's resume module). Converting them to NumPy, copying them into Ray's

@@ -1,8 +1,10 @@
 """The run's recorder: the one process that writes the run's files and owns its MLflow run.
 
 Rank 0 hands it save points with the base model's weights (NumPy arrays through Ray's
-object store) and the global logs of each epoch; every rank registers itself once; the
-driver drains its progress events and reads the summary at the end. Checkpoint files are
+object store), resume points inside epochs and the global logs of each epoch; every rank of
+every worker group registers itself (a group of another size is a resize) and asks it for
+the point to resume from; the driver drains its progress events and reads the summary at
+the end. Checkpoint files are
 the :class:`CheckpointWriter`'s job, MLflow the :class:`MlflowRun`'s; this class only routes
 and remembers. Writes run in the actor's own `io` thread, in order, while training goes on;
 progress and history calls use another thread so the console stays live during a write.

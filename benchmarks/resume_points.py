@@ -38,9 +38,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one round of short epochs")
     parser.add_argument("--every", type=int, default=50, help="steps between resume points (default 50)")
+    parser.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 3, 1 with --quick)")
     parser.add_argument("--json", default=None, help="where to write the figures")
     args = parser.parse_args()
     rounds, repeat = (1, 2) if args.quick else (3, 6)
+    rounds = args.rounds or rounds
     job = str(REPO / "jobs" / "vgg_classifier.yaml")
     overrides = [
         "scaling.num_workers=2",

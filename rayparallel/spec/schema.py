@@ -105,7 +105,7 @@ class ScalingSpec:
 
     @property
     def described(self) -> str:
-        """ "2", or "1-4" for an elastic range."""
+        """The worker count as people read it: 2, or 1-4 for an elastic range."""
         return f"{self.min_workers}-{self.max_workers}" if self.elastic else str(self.num_workers)
 
 

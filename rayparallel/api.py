@@ -68,10 +68,11 @@ def _train(
     requested = load_spec(spec, overrides)
     out = (Path(output_dir) if output_dir is not None else Path("runs") / requested.name).resolve()
     recorded = resumed_spec(requested.to_dict(), overrides, out, resume)  # a resume continues its own job.yaml
-    if recorded is not None and verbose and differences(recorded, requested.to_dict()):
+    changed = differences(recorded, requested.to_dict()) if recorded is not None else []
+    if changed and verbose:
         print(
             f"rayparallel: resuming the job recorded in {out / 'job.yaml'}, not the given one, which differs in "
-            + ", ".join(differences(recorded, requested.to_dict()))
+            + ", ".join(changed)
         )
     job, checks = _checked(recorded or requested, (), native_logs=worker_logs)  # imports TensorFlow quietly
 

@@ -65,9 +65,12 @@ class RunState:
     def save(self, output_dir: Path) -> None:
         atomic_write_text(output_dir / RUN_FILE, json.dumps(mask(asdict(self)), indent=2), "--output-dir")
 
+    def points(self) -> list[Path]:
+        return points(Path(self.storage_path) / self.ray_run_name)
+
     def resume_point(self) -> ResumePoint | None:
         """The newest intact Ray checkpoint and the newer damaged ones skipped, or None if nothing was saved."""
-        folders = points(Path(self.storage_path) / self.ray_run_name)
+        folders = self.points()
         if not folders:
             return None
         folder, skipped = newest_intact(folders)
@@ -110,7 +113,8 @@ def resumed_spec(requested: dict, overrides: Sequence[str], output_dir: Path, re
     """
     previous = _read(output_dir)
     recorded_file = output_dir / "job.yaml"
-    if not _wants_resume(previous, resume) or not recorded_file.is_file() or previous.resume_point() is None:
+    # any point at all: which one is intact is `plan_run`'s check (it reads every checksum once)
+    if not _wants_resume(previous, resume) or not recorded_file.is_file() or not previous.points():
         return None
     keys = [item.partition("=")[0].strip() for item in overrides]
     refused = [key for key in keys if not key.startswith(RESUMABLE) and key not in RESUMABLE]

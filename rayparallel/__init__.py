@@ -4,7 +4,7 @@
 >>> result = rayparallel.train("jobs/stateful_lstm.yaml", overrides=["train.epochs=2"])  # doctest: +SKIP
 """
 
-from .api import train, validate
+from .api import train, tune, validate
 from .checkpoint.export import export, load_model
 from .errors import RayParallelError
 from .result import TrainResult
@@ -13,6 +13,7 @@ from .version import __version__
 
 __all__ = [
     "train",
+    "tune",
     "validate",
     "load_model",
     "export",

@@ -1,10 +1,12 @@
-"""The public Python API: `train` and `validate`."""
+"""The public Python API: `train`, `validate` and `tune`."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +15,7 @@ from .spec import JobSpec, load_spec
 from .spec.references import add_search_path
 
 if TYPE_CHECKING:
+    from .sweep.driver import SweepResult
     from .worker.preflight import Preflight
 
 SpecSource = str | os.PathLike | dict | JobSpec
@@ -60,8 +63,10 @@ def _train(
     worker_logs: bool,
     resume: bool | None,
     started_at: float,
+    on_epoch: Callable[[int, dict], str | None] | None = None,
 ) -> TrainResult:
-    """`train`, with the start-up clock's origin given (the CLI's: when its process started)."""
+    """`train`, with the start-up clock's origin given (the CLI's: when its process started);
+    `on_epoch` sees every epoch's logs in this process and may end the run (see `Launch`)."""
     from .cluster.run_state import differences, resumed_spec
 
     overrides = list(overrides)
@@ -81,9 +86,50 @@ def _train(
 
     ensure_writable(out, "--output-dir")
     ensure_writable(checkpoint_dir(job, out), "checkpoint.dir")
-    run = Launch(out, [os.getcwd()], checks.baselines, verbose, worker_logs, resume, started_at=started_at)
+    run = Launch(
+        out, [os.getcwd()], checks.baselines, verbose, worker_logs, resume, started_at=started_at, on_epoch=on_epoch
+    )
     run.mark("spec_checked")
     return launch(job, run)
+
+
+def tune(
+    spec: SpecSource,
+    params: dict[str, str] | None = None,
+    overrides: Iterable[str] = (),
+    samples: int | None = None,
+    max_concurrent: int | None = None,
+    metric: str | None = None,
+    mode: str | None = None,
+    scheduler: str | None = None,
+    output_dir: str | os.PathLike | None = None,
+    resume: bool = False,
+    verbose: bool = True,
+    worker_logs: bool = False,
+) -> SweepResult:
+    """Sweep a job's settings with Ray Tune: every trial a whole data-parallel run.
+
+    `params` maps dotted spec keys (anything `overrides` may set) to spaces: `choice(a, b)`,
+    `grid(a, b)`, `uniform(lo, hi)`, `loguniform(lo, hi)`, `randint(lo, hi)`; they add to
+    the job's `tune.params`, as the other arguments override its `tune:` section. Trials
+    write to `<output_dir>/trial-NNN/` (default `runs/<name>-tune`); `resume=True` runs only
+    the trials of the recorded sweep that did not finish.
+
+    >>> result = rayparallel.tune(  # doctest: +SKIP
+    ...     "jobs/stateful_lstm.yaml", {"train.optimizer.config.learning_rate": "loguniform(1e-4, 1e-1)"},
+    ...     samples=4, scheduler="asha")
+    >>> result.best_weights  # doctest: +SKIP
+    """
+    from .files import ensure_writable
+    from .sweep.driver import run_sweep
+
+    chosen = dict(samples=samples, max_concurrent=max_concurrent, metric=metric, mode=mode, scheduler=scheduler)
+    sets = [f"tune.{key}={json.dumps(value)}" for key, value in chosen.items() if value is not None]
+    job = load_spec(spec, [*overrides, *sets])
+    settings = replace(job.tune, params={**job.tune.params, **(params or {})})
+    out = (Path(output_dir) if output_dir is not None else Path("runs") / f"{job.name}-tune").resolve()
+    ensure_writable(out, "--output-dir")
+    return run_sweep(job, settings, out, resume, verbose, worker_logs)
 
 
 def _checked(spec: SpecSource, overrides: Iterable[str], native_logs: bool = False) -> tuple[JobSpec, Preflight]:

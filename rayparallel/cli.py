@@ -52,6 +52,26 @@ def _parser() -> argparse.ArgumentParser:
                 help="start a new run even if the output dir holds an unfinished one "
                 "(default: resume an unfinished run, else start fresh)",
             )
+    tune = commands.add_parser("tune", help="sweep a job's settings with Ray Tune, every trial a full run")
+    tune.add_argument("job", help="job YAML file")
+    tune.add_argument(
+        "--param",
+        dest="params",
+        action="append",
+        default=[],
+        metavar="KEY=SPACE",
+        help="a spec key and its space: choice(a,b) grid(a,b) uniform(lo,hi) loguniform(lo,hi) randint(lo,hi) "
+        "(repeatable; adds to the job's tune.params)",
+    )
+    tune.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    tune.add_argument("--samples", type=int, default=None, help="Tune's num_samples: repeats of the grid (default 1)")
+    tune.add_argument("--max-concurrent", type=int, default=None, help="trials at once (default: what fits)")
+    tune.add_argument("--metric", default=None, help="the epoch figure to optimize (default val_loss, else loss)")
+    tune.add_argument("--mode", choices=("min", "max"), default=None, help="default min")
+    tune.add_argument("--scheduler", choices=("fifo", "asha"), default=None, help="default fifo")
+    tune.add_argument("--output-dir", default=None, help="the sweep's folder (default runs/NAME-tune)")
+    tune.add_argument("--resume", action="store_true", help="run the recorded sweep's trials that did not finish")
+    tune.add_argument("--worker-logs", action="store_true", help="show the trials' own output")
     submit = commands.add_parser("submit", help="run a job on a Ray cluster through the Jobs API")
     submit.add_argument("job", help="job YAML file (inside the working dir)")
     submit.add_argument("--address", required=True, help="the cluster's dashboard, e.g. http://HEAD:8265")
@@ -69,6 +89,13 @@ def _parser() -> argparse.ArgumentParser:
         "--unlisted", action="store_true", help="accept a weights file the folder's manifest does not list"
     )
     return parser
+
+
+def _param(item: str) -> tuple[str, str]:
+    key, sep, space = item.partition("=")
+    if not sep or not key.strip():
+        raise RayParallelError(f"--param: expected KEY=SPACE, e.g. model.kwargs.units=choice(16,32), received {item!r}")
+    return key.strip(), space
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -89,6 +116,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                 working_dir=args.working_dir,
                 output_dir=args.output_dir,
             )
+        if args.command == "tune":
+            from .api import tune
+
+            signal.signal(signal.SIGTERM, _interrupt)
+            tune(
+                args.job,
+                dict(_param(item) for item in args.params),
+                args.overrides,
+                samples=args.samples,
+                max_concurrent=args.max_concurrent,
+                metric=args.metric,
+                mode=args.mode,
+                scheduler=args.scheduler,
+                output_dir=args.output_dir,
+                resume=args.resume,
+                worker_logs=args.worker_logs or args.debug,
+            )
+            return 0
         if args.command == "export":
             from .checkpoint.export import export
 

@@ -26,6 +26,7 @@ class TrainResult:
     time_to_first_step_s: float | None = None  # from the command's start to that step
     startup: dict = field(default_factory=dict)  # phase -> seconds since the command started (rayparallel.startup)
     resizes: list[dict] = field(default_factory=list)  # elastic runs: when, from, to, at which epoch and step
+    stopped: dict | None = None  # ended before train.epochs: {"epoch": last epoch run, "reason": why}
 
     @property
     def final(self) -> dict[str, float]:
@@ -35,6 +36,13 @@ class TrainResult:
         path = Path(self.output_dir) / "result.json"
         path.write_text(json.dumps(asdict(self), indent=2, default=_plain))
         return path
+
+
+def describe_stop(stopped: dict) -> str:
+    """>>> describe_stop({"epoch": 2, "reason": "stopped by Ray Tune's asha scheduler"})
+    "after epoch 2: stopped by Ray Tune's asha scheduler"
+    """
+    return f"after epoch {stopped['epoch']}: {stopped['reason']}"
 
 
 def _plain(value: Any) -> Any:

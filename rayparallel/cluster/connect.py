@@ -60,17 +60,33 @@ def worker_output_shown(show: bool) -> Iterator[None]:
             dispatcher.add_handler(name, handler)
 
 
-def check_capacity(spec: JobSpec) -> None:
-    """Fail fast when the (non-autoscaling) cluster cannot hold the workers: Ray would wait forever."""
-    available = ray.cluster_resources()
+def worker_need(spec: JobSpec) -> dict[str, float]:
+    """What one worker of the job asks Ray for (Ray Train's default: 1 CPU, and 1 GPU with use_gpu)."""
     need = dict(spec.scaling.resources_per_worker)
     need.setdefault("CPU", 1)
     if spec.scaling.use_gpu:
         need.setdefault("GPU", 1)
-    for resource, amount in need.items():
+    return need
+
+
+def check_capacity(spec: JobSpec) -> None:
+    """Fail fast when the (non-autoscaling) cluster cannot hold the workers: Ray would wait forever."""
+    available = ray.cluster_resources()
+    for resource, amount in worker_need(spec).items():
         total = amount * spec.scaling.min_workers  # an elastic run starts with what there is, at least min
         if total > available.get(resource, 0) + 1e-9:
             raise RayParallelError(
                 f"scaling: expected the cluster to have {total:g} {resource} for {spec.scaling.min_workers} workers "
                 f"x {amount:g}, received a cluster with {available.get(resource, 0):g} {resource}"
             )
+
+
+def runs_that_fit(spec: JobSpec) -> int:
+    """How many runs of the job (at their least workers) the cluster holds at once: a sweep's trials."""
+    available = ray.cluster_resources()
+    counts = [
+        int((available.get(resource, 0) + 1e-9) // (amount * spec.scaling.min_workers))
+        for resource, amount in worker_need(spec).items()
+        if amount > 0
+    ]
+    return min(counts, default=1)

@@ -25,7 +25,7 @@ from ..checkpoint.manifest import set_aside
 from ..errors import RayParallelError
 from ..files import atomic_write_text
 from ..recorder.actor import RecorderActor
-from ..result import TrainResult
+from ..result import TrainResult, describe_stop
 from ..secrets import mask, mask_text
 from ..spec import JobSpec
 from ..startup import describe, relative
@@ -61,6 +61,9 @@ class Launch:
     resume: bool | None = None  # True: continue the recorded run; False: fresh; None: resume if unfinished
     started_at: float = field(default_factory=time.time)  # the command's start: the clock of `startup`
     marks: dict[str, float] = field(default_factory=dict)  # the driver's start-up phases, unix time
+    # Called with each epoch's global logs as they arrive; a returned reason ends the run as
+    # finished after the epoch in progress (a sweep's trial that its Tune scheduler stops).
+    on_epoch: Callable[[int, dict], str | None] | None = None
 
     def mark(self, phase: str) -> None:
         self.marks.setdefault(phase, time.time())
@@ -121,6 +124,10 @@ def _fit(spec: JobSpec, run: Launch) -> TrainResult:
             say(f"rayparallel: {describe_resize(event['resize'])}")
         elif progress:
             progress.show(event)
+        if event["kind"] == "epoch" and run.on_epoch:
+            reason = run.on_epoch(event["epoch"], event["logs"])
+            if reason:
+                actor.request_stop.remote(reason)
 
     os.environ.setdefault(*HEALTH_CHECK_INTERVAL)  # read from here by the controller (Ray propagates it)
     if spec.scaling.elastic:
@@ -273,6 +280,8 @@ def _print_summary(result: TrainResult) -> None:
     )
     print(f"  start-up (s since the command started): {describe(result.startup)}")
     print(f"  final: {format_logs(final)}")
+    if result.stopped:
+        print(f"  stopped early, {describe_stop(result.stopped)}")
     for name, figures in result.baselines.items():
         print(f"  baseline {name}: {format_logs(figures)}")
     print(

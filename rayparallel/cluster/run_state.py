@@ -166,7 +166,10 @@ def plan_run(
     if point is not None:
         previous.status = "RUNNING"
         return previous, point
-    fresh = RunState(ray_run_name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}", storage_path=storage_path)
+    # the suffix: runs of one job started in the same second (a sweep's trials) get their own recorder
+    fresh = RunState(
+        ray_run_name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(2).hex()}", storage_path=storage_path
+    )
     return fresh, None
 
 

@@ -27,6 +27,7 @@ import ray
 from ..checkpoint import resume_state
 from ..checkpoint.policy import Saved
 from ..checkpoint.writer import CheckpointWriter
+from ..result import describe_stop
 from ..secrets import mask_text
 from ..spec import JobSpec
 from ..spec.references import add_search_path
@@ -62,6 +63,9 @@ class RunRecorder:
         self._startup: dict[str, float] = {}  # phase -> unix time, the first time it is reached
         self._world: int | None = None  # the live worker group's size
         self._resizes: list[dict] = []
+        self._stop_reason: str | None = None  # asked for by the driver (a Tune scheduler's decision)
+        self._stop_answers: dict[int, str | None] = {}  # epoch -> what every rank was told
+        self._stopped: dict | None = None  # the epoch the run ended after, and why
         self._tracking: MlflowRun | None = None
         self._announced = False  # the driver was told the MLflow run exists
         if tracking:
@@ -131,6 +135,16 @@ class RunRecorder:
             for epoch, logs in enumerate(history, start=1):
                 self._history.setdefault(epoch, dict(logs))
 
+    def stop_after(self, epoch: int) -> str | None:
+        """Whether the run ends after `epoch`, and why: decided at the first rank's question, so
+        every rank gets the same answer and all leave the loop after the same epoch."""
+        with self._lock:
+            if epoch not in self._stop_answers:  # after the last epoch a stop changes nothing
+                self._stop_answers[epoch] = self._stop_reason if epoch < self._spec.train.epochs else None
+                if self._stop_reason and self._stopped is None:
+                    self._stopped = {"epoch": epoch, "reason": self._stop_reason}
+            return self._stop_answers[epoch]
+
     def mark_phase(self, phase: str, at: float) -> None:
         """Rank 0 reached a start-up phase (rayparallel.startup.PHASES) at unix time `at`."""
         with self._lock:
@@ -183,6 +197,11 @@ class RunRecorder:
     def writes_done(self) -> None:
         """Returns once every save handed over before this call is written (the io group runs in order)."""
 
+    def request_stop(self, reason: str) -> None:
+        """End the run as finished after the epoch in progress; the first reason given stands."""
+        with self._lock:
+            self._stop_reason = self._stop_reason or reason
+
     def tracking_info(self, timeout: float) -> dict | None:
         """The MLflow run once it exists (waits up to `timeout`); None when tracking is off."""
         if not self._tracking:
@@ -200,6 +219,8 @@ class RunRecorder:
         """Log the run's last files and the final model, end the run as `status`."""
         if not self._tracking:
             return None
+        if self._stopped:
+            self._tracking.set_tags({"rayparallel.stopped_early": describe_stop(self._stopped)})
         for path in files:
             self._tracking.log_artifact(path)
         if self._writer.final_weights is not None and status == "FINISHED":
@@ -235,6 +256,7 @@ class RunRecorder:
                 "first_step_at": self._startup.get("first_step_done"),
                 "startup_marks": dict(self._startup),
                 "resizes": list(self._resizes),
+                "stopped": self._stopped,
             }
 
     # -- internals ----------------------------------------------------------------------

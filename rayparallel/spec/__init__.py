@@ -1,6 +1,6 @@
 """Job spec: YAML -> validated, typed objects (no Ray, no TensorFlow)."""
 
-from .parse import apply_overrides, load_spec
+from .parse import apply_overrides, load_spec, load_yaml
 from .schema import CheckpointSpec, DataSpec, JobSpec, MlflowSpec, ModelSpec, RunSpec, ScalingSpec, TrainSpec
 
 __all__ = [
@@ -8,6 +8,7 @@ __all__ = [
     "MlflowSpec",
     "load_spec",
     "apply_overrides",
+    "load_yaml",
     "JobSpec",
     "ModelSpec",
     "DataSpec",

@@ -30,9 +30,32 @@ _POSITIVE = {
     "run.checkpoints_to_keep",
     "mlflow.model_batch_size",
     "mlflow.flush_timeout_s",
+    "tune.samples",
+    "tune.max_concurrent",
+    "tune.grace_period",
 }
 _NON_NEGATIVE = {"train.progress_every_n_steps", "failure.max_failures"}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader reading `1e-4` as the number YAML 1.2 (and every user) means, not a string."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def load_yaml(text: str) -> Any:
+    """YAML as job files and `--set` values are read.
+
+    >>> load_yaml("learning_rate: 1e-4")
+    {'learning_rate': 0.0001}
+    """
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
 
 
 def load_spec(source: str | os.PathLike | dict | JobSpec, overrides: Iterable[str] = ()) -> JobSpec:
@@ -56,7 +79,7 @@ def read_yaml(path: Path) -> dict:
     if not path.is_file():
         raise SpecError(f"job file: expected an existing YAML file, received {str(path)!r} (not found)")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = load_yaml(path.read_text())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -77,7 +100,7 @@ def apply_overrides(raw: dict, overrides: Iterable[str]) -> dict:
         if not sep or not key.strip():
             raise SpecError(f"--set: expected KEY.PATH=VALUE, received {item!r}")
         try:
-            value = yaml.safe_load(text)
+            value = load_yaml(text)
         except yaml.YAMLError:
             raise SpecError(f"--set {key}: expected a YAML value, received {text!r}") from None
         node = raw
@@ -150,15 +173,17 @@ def _coerce(value: Any, hint: Any, path: str) -> Any:
 def _check_values(spec: JobSpec) -> None:
     flat = {
         f"{section}.{name}": value
-        for section in ("train", "scaling", "run", "mlflow", "failure")
+        for section in ("train", "scaling", "run", "mlflow", "failure", "tune")
         for name, value in vars(getattr(spec, section)).items()
     }
     for key in _POSITIVE:
-        if flat[key] <= 0:
+        if flat[key] is not None and flat[key] <= 0:
             raise SpecError(f"{key}: expected a positive number, received {flat[key]!r}")
     for key in _NON_NEGATIVE:
         if flat[key] < 0:
             raise SpecError(f"{key}: expected zero or a positive number, received {flat[key]!r}")
+    if spec.tune.reduction_factor <= 1:
+        raise SpecError(f"tune.reduction_factor: expected a number above 1, received {spec.tune.reduction_factor!r}")
     every = spec.run.resume_every_n_steps
     if every is not None and every < 1:
         raise SpecError(f"run.resume_every_n_steps: expected a positive number of steps or null, received {every!r}")

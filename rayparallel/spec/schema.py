@@ -171,6 +171,25 @@ class FailureSpec:
 
 
 @dataclass
+class TuneSpec:
+    """`rayparallel tune`: Ray Tune's `TuneConfig` words; `train` ignores this section.
+
+    `params` maps a dotted spec key (anything `--set` takes) to a space: `choice(a, b)`,
+    `grid(a, b)`, `uniform(lo, hi)`, `loguniform(lo, hi)` or `randint(lo, hi)`.
+    """
+
+    params: dict = field(default_factory=dict)
+    samples: int | None = None  # Tune's num_samples: repeats of the grid, with fresh draws (default 1)
+    max_concurrent: int | None = None  # trials at once; default: as many as the cluster holds
+    metric: str | None = None  # default val_loss, or loss for a job without validation data
+    mode: Literal["min", "max"] = "min"
+    scheduler: Literal["fifo", "asha"] = "fifo"
+    grace_period: int = 1  # ASHA: epochs every trial runs before it may be stopped
+    reduction_factor: float = 4.0  # ASHA: keeps the best 1/reduction_factor at each rung
+    seed: int = 0  # draws of the sampled spaces
+
+
+@dataclass
 class JobSpec:
     """A whole job file. `JobSpec.per_worker_batch_size` is what each replica is built for."""
 
@@ -183,6 +202,7 @@ class JobSpec:
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     mlflow: MlflowSpec = field(default_factory=MlflowSpec)
     failure: FailureSpec = field(default_factory=FailureSpec)
+    tune: TuneSpec = field(default_factory=TuneSpec)
 
     @property
     def per_worker_batch_size(self) -> int:

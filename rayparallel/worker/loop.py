@@ -127,6 +127,7 @@ class WorkerRun:
             raise
 
     def _fit(self) -> None:
+        import ray
         import ray.train
 
         logs: dict = {}
@@ -158,13 +159,15 @@ class WorkerRun:
                 checkpoint_dir_name=self._point_name(epoch),
                 delete_local_checkpoint_after_upload=checkpoint is not None,
             )
+            if ray.get(self.actor.stop_after.remote(epoch)):  # asked by the driver; the same answer on every rank
+                break
 
         weights = self.model.get_weights()  # every rank reads, see resume.snapshot
         # replicas in step hold identical weights: result.json shows each rank's digest
         ray.get(self.actor.update_worker.remote(self.rank, {"final_weights_sha256": resume.digest(weights)}))
         if self.rank == 0:
             self.client.flush()
-            epochs = self.spec.train.epochs
+            epochs = len(self.history)  # train.epochs, or fewer when the run was stopped early
             final = Saved(file=FINAL, epoch=epochs, step=epochs * self.steps_per_epoch, logs=logs)
             ray.get(self.actor.save_final_weights.remote(weights, final))
 

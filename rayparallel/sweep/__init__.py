@@ -1,0 +1,1 @@
+"""Hyperparameter sweeps: every trial a whole rayparallel run, scheduled by Ray Tune."""

@@ -1,0 +1,327 @@
+"""A sweep from its plan to its results: trials checked, Ray Tune run, table, MLflow parent.
+
+Order matters: every check that can refuse the sweep (spaces, keys, the metric, what fits
+the cluster) runs before the MLflow parent run or any trial exists, and the plan
+(`tune.json`) is written before Tune starts, so an interrupted sweep resumes with the same
+trials and the same parent run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import RayParallelError, SpecError
+from ..files import atomic_write_text
+from ..spec import JobSpec, load_spec
+from ..spec.schema import TuneSpec
+from .outcomes import TrialOutcome, best_outcome, format_table, read_outcome, write_csv
+from .space import Trial, parse_space, plan_trials
+
+if TYPE_CHECKING:
+    from ..tracking.sweep_run import SweepRun
+
+PLAN_FILE = "tune.json"
+RESULTS_FILE = "tune_results.csv"
+
+
+@dataclass
+class SweepResult:
+    """What `rayparallel.tune` returns; `trials` are the rows of `tune_results.csv`."""
+
+    output_dir: str
+    metric: str
+    mode: str
+    trials: list[dict]
+    best_trial: str | None
+    best_value: float | None
+    best_weights: str | None  # the best trial's final weights: `rayparallel export` takes it as it is
+    results_csv: str
+    mlflow: dict = field(default_factory=dict)  # the parent run: run_id, url, experiment
+
+
+@dataclass
+class Plan:
+    """`tune.json`: the sweep's settings and trials, fixed when it starts."""
+
+    settings: dict  # TuneSpec fields, resolved (metric chosen)
+    trials: list[dict]  # {"id", "params"}
+    mlflow_parent_run_id: str | None = None
+
+    def trial_list(self) -> list[Trial]:
+        return [Trial(t["id"], t["params"]) for t in self.trials]
+
+    def save(self, folder: Path) -> None:
+        atomic_write_text(folder / PLAN_FILE, json.dumps(asdict(self), indent=2), "--output-dir")
+
+    @classmethod
+    def read(cls, folder: Path) -> Plan:
+        path = folder / PLAN_FILE
+        if not path.is_file():
+            raise RayParallelError(
+                f"--resume: expected a sweep recorded in {str(path)!r}, received none; start it without --resume"
+            )
+        return cls(**json.loads(path.read_text()))
+
+
+def run_sweep(
+    job: JobSpec,
+    settings: TuneSpec,
+    output_dir: Path,
+    resume: bool,
+    verbose: bool,
+    worker_logs: bool,
+) -> SweepResult:
+    say = print if verbose else (lambda *_: None)
+    if resume:
+        plan = Plan.read(output_dir)
+        settings = TuneSpec(**plan.settings)
+        say(f"rayparallel: resuming the sweep recorded in {output_dir / PLAN_FILE}")
+    else:
+        spaces = {key: parse_space(key, text) for key, text in settings.params.items()}
+        plan = Plan(asdict(settings), [asdict(t) for t in plan_trials(spaces, settings.samples, settings.seed)])
+    trials = plan.trial_list()
+    jobs = {t.id: trial_job(job, t) for t in trials}  # every trial's spec checked before any starts
+    metric, keys = _checked_metric(settings, jobs[trials[0].id])
+    plan.settings = asdict(replace(settings, metric=metric))
+
+    from ..cluster import connect as cluster
+
+    started_ray = cluster.connect(worker_logs)
+    try:
+        concurrent = _concurrency(
+            jobs, settings.max_concurrent, checked=started_ray or not os.environ.get("RAY_ADDRESS")
+        )
+        parent = _parent_run(job, output_dir, plan.mlflow_parent_run_id) if job.mlflow.enabled else None
+        if parent:
+            plan.mlflow_parent_run_id = parent.run_id
+            parent.log_params(_sweep_params(plan))
+            say(f"MLflow parent run {parent.run_id} ({parent.experiment}): {parent.url or parent.tracking_uri}")
+            jobs = {tid: _with_parent(spec, tid, parent) for tid, spec in jobs.items()}
+        output_dir.mkdir(parents=True, exist_ok=True)
+        plan.save(output_dir)
+
+        done = {t.id for t in trials if read_outcome(t, output_dir / t.id, metric, settings.mode).finished}
+        pending = [t for t in trials if t.id not in done] if resume else trials
+        if done and resume:
+            say(f"rayparallel: {len(done)} of {len(trials)} trials finished before; running the other {len(pending)}")
+        say(
+            f"rayparallel: sweeping {len(pending)} trials of {job.name}, {concurrent} at a time, "
+            f"{settings.scheduler} scheduler, {metric} ({settings.mode}), in {output_dir}"
+        )
+        errors: dict[str, str] = {}
+        if pending:
+            try:
+                errors = _tune(settings, metric, keys, pending, jobs, output_dir, concurrent, resume, say, worker_logs)
+            except KeyboardInterrupt:
+                if parent:
+                    parent.end("KILLED")
+                say(
+                    f"\nrayparallel: interrupted; continue with: rayparallel tune ... --resume --output-dir {output_dir}"
+                )
+                raise
+        outcomes = [read_outcome(t, output_dir / t.id, metric, settings.mode, errors.get(t.id)) for t in trials]
+        return _conclude(job, outcomes, metric, settings.mode, output_dir, parent, say)
+    finally:
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def trial_job(job: JobSpec, trial: Trial) -> dict:
+    """The job a trial runs: the sweep's job with the trial's overrides, as a checked spec dict."""
+    raw = job.to_dict()
+    raw["tune"] = asdict(TuneSpec())  # a trial is a plain run
+    try:
+        return load_spec(raw, trial.overrides).to_dict()
+    except SpecError as exc:
+        raise SpecError(f"{trial.id} ({' '.join(trial.overrides)}): {exc}") from None
+
+
+def _checked_metric(settings: TuneSpec, first_job: dict) -> tuple[str, list[str]]:
+    """The job's own checks on the first trial (builder, data, names) and the metric it reports."""
+    from ..api import _checked
+
+    _, checks = _checked(first_job, ())
+    keys = checks.epoch_keys
+    metric = settings.metric or ("val_loss" if "val_loss" in keys else "loss")
+    if metric not in keys:
+        raise SpecError(
+            f"--metric: expected one of the figures every epoch reports ({', '.join(keys)}), received {metric!r}"
+        )
+    return metric, keys
+
+
+def _concurrency(jobs: dict[str, dict], requested: int | None, checked: bool) -> int:
+    """Trials at once: as many as the cluster holds of the largest trial, or the request if it fits."""
+    from ..cluster.connect import check_capacity, runs_that_fit
+
+    if not checked:  # a cluster that may autoscale (RAY_ADDRESS): Ray waits for room
+        return min(requested or len(jobs), len(jobs))
+    specs = {tid: load_spec(spec) for tid, spec in jobs.items()}
+    for tid, spec in specs.items():
+        try:
+            check_capacity(spec)
+        except RayParallelError as exc:
+            raise RayParallelError(f"{tid}: {exc}") from None
+    fits = {tid: runs_that_fit(spec) for tid, spec in specs.items()}
+    largest = min(fits, key=fits.get)
+    if requested and requested > fits[largest]:
+        raise RayParallelError(
+            f"--max-concurrent: expected at most {fits[largest]} trials at once on this cluster ({largest} runs "
+            f"{specs[largest].scaling.described} workers), received {requested}"
+        )
+    return min(requested or fits[largest], len(jobs))
+
+
+def _parent_run(job: JobSpec, output_dir: Path, run_id: str | None) -> SweepRun:
+    import mlflow
+
+    from ..tracking.sweep_run import SweepRun
+
+    uri = job.mlflow.tracking_uri or mlflow.get_tracking_uri()
+    return SweepRun(
+        uri, job.mlflow.experiment or job.name, f"{job.name}-sweep-{time.strftime('%Y%m%d-%H%M%S')}", run_id
+    )
+
+
+def _with_parent(spec: dict, trial_id: str, parent: SweepRun) -> dict:
+    """A trial's MLflow run: a child of the parent in its experiment; only the parent registers a model."""
+    from ..tracking.sweep_run import PARENT_TAG
+
+    tracking = dict(
+        spec["mlflow"],
+        tracking_uri=parent.tracking_uri,
+        experiment=parent.experiment,
+        run_name=trial_id,
+        register_model=None,
+        tags={**spec["mlflow"]["tags"], PARENT_TAG: parent.run_id, "rayparallel.trial": trial_id},
+    )
+    return dict(spec, mlflow=tracking)
+
+
+def _sweep_params(plan: Plan) -> dict[str, str]:
+    settings = {k: v for k, v in plan.settings.items() if k != "params"}
+    params = {f"tune.{key}": str(value) for key, value in settings.items()}
+    params.update({f"tune.params.{key}": str(text) for key, text in plan.settings["params"].items()})
+    params["tune.trials"] = str(len(plan.trials))
+    return params
+
+
+def _tune(
+    settings: TuneSpec,
+    metric: str,
+    keys: list[str],
+    pending: list[Trial],
+    jobs: dict[str, dict],
+    output_dir: Path,
+    concurrent: int,
+    resume: bool,
+    say,
+    worker_logs: bool,
+) -> dict[str, str]:
+    """Ray Tune over the pending trials; returns the failed trials' errors (first line)."""
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # our files are the record
+    os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")  # Ctrl-C ends trials as an interrupted run does
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # its reporter honours verbose=0: our console shows progress
+    import ray
+    from ray import tune
+
+    from .console import SweepConsole
+    from .trial import TrialSetup, trainable
+
+    setup = TrialSetup(jobs, str(output_dir), os.getcwd(), None if resume else False, worker_logs, settings.scheduler)
+    node = f"node:{ray.util.get_node_ip_address()}"  # trials run here: their files are on this machine
+    scheduler = None
+    if settings.scheduler == "asha":
+        from ray.tune.schedulers import ASHAScheduler
+
+        epochs = max(spec["train"]["epochs"] for spec in jobs.values())
+        scheduler = ASHAScheduler(
+            time_attr="epoch",  # not Tune's iteration count: a resumed trial reports from its next epoch
+            max_t=epochs,
+            grace_period=settings.grace_period,
+            reduction_factor=settings.reduction_factor,
+        )
+    tuner = tune.Tuner(
+        tune.with_resources(trainable(setup), {"CPU": 0, node: 0.001}),
+        param_space={"trial": tune.grid_search([t.id for t in pending])},
+        tune_config=tune.TuneConfig(
+            metric=metric, mode=settings.mode, scheduler=scheduler, max_concurrent_trials=concurrent
+        ),
+        run_config=tune.RunConfig(
+            name="ray_tune",
+            storage_path=str(output_dir),
+            verbose=0,
+            callbacks=[SweepConsole({t.id: t for t in pending}, keys, say)],
+        ),
+    )
+    tune_log = logging.getLogger("ray.tune")
+    level = tune_log.level
+    tune_log.setLevel(logging.CRITICAL)  # a failed trial's traceback: its one line is in our table
+    try:
+        grid = tuner.fit()
+    finally:
+        tune_log.setLevel(level)
+    return {r.config["trial"]: _first_line(r.error) for r in grid if r.error is not None}
+
+
+def _conclude(
+    job: JobSpec,
+    outcomes: list[TrialOutcome],
+    metric: str,
+    mode: str,
+    output_dir: Path,
+    parent: SweepRun | None,
+    say,
+) -> SweepResult:
+    """The table on the console and in tune_results.csv, the parent run's record, the best weights."""
+    best = best_outcome(outcomes, mode)
+    table = write_csv(outcomes, output_dir / RESULTS_FILE, metric)
+    say("\n" + format_table(outcomes, metric, best))
+    say(f"  results: {table}")
+    if best:
+        say(f"  best: {best.trial.id}, {metric} {best.best:.6g}; weights: {best.final_weights}")
+        say(f"  export: rayparallel export {best.final_weights} --batch-size 1 --out model.keras")
+    else:
+        say("  best: none (no trial finished)")
+    if parent:
+        if best:
+            parent.log_best(best.trial.id, best.mlflow_run_id, best.history)
+            parent.log_model(lambda: _best_model(best, job.mlflow.model_batch_size), job.mlflow.register_model)
+        parent.log_artifact(str(table))
+        parent.log_artifact(str(output_dir / PLAN_FILE))
+        parent.end("FINISHED" if best else "FAILED")
+        say(f"MLflow parent run {parent.run_id} finished: {parent.url or parent.tracking_uri}")
+    return SweepResult(
+        output_dir=str(output_dir),
+        metric=metric,
+        mode=mode,
+        trials=[o.row(metric) for o in outcomes],
+        best_trial=best.trial.id if best else None,
+        best_value=best.best if best else None,
+        best_weights=best.final_weights if best else None,
+        results_csv=str(table),
+        mlflow=parent.info() if parent else {},
+    )
+
+
+def _best_model(best: TrialOutcome, batch_size: int):
+    from ..checkpoint.export import load_model
+
+    return load_model(best.final_weights, batch_size)
+
+
+def _first_line(error: BaseException) -> str:
+    """A trial's error as one line: the user's own error when it is one of ours."""
+    from ..cluster.launch import _user_error
+
+    inner = _user_error(error, "") or error
+    text = str(inner).strip().splitlines()
+    return text[0] if text else type(inner).__name__

@@ -1,0 +1,72 @@
+"""One Tune trial: a whole rayparallel run of the job with the trial's overrides.
+
+This is Ray's documented shape for Train V2 under Tune, a function trainable that runs the
+trainer, here through rayparallel's own driver so the trial gets everything a run has: its
+recorder, checkpoint files, resume state, result.json and its MLflow run. Each epoch's
+global logs go to Tune, so a scheduler such as ASHA can stop a bad trial; a stopped trial
+ends as a finished run (its files and MLflow run complete), not as a killed process.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# How long a trial that Tune stops may take to end its run (the epoch in progress, the final
+# weights, MLflow) before Tune may remove the process.
+STOP_GRACE_S = 300.0
+
+
+@dataclass(frozen=True)
+class TrialSetup:
+    """What every trial needs, shipped once with the trainable."""
+
+    jobs: dict[str, dict]  # trial id -> its job (a spec dict: the job with the trial's overrides)
+    output_dir: str  # the sweep's folder; a trial writes to <output_dir>/<trial id>
+    workdir: str  # where the user's modules and relative paths are, as for `rayparallel train`
+    resume: bool | None  # None: continue a trial's unfinished run; False: start it fresh
+    worker_logs: bool
+    scheduler: str
+
+
+def run_trial(config: dict, setup: TrialSetup) -> None:
+    from ray import tune
+
+    from ..api import _train
+
+    os.chdir(setup.workdir)  # Tune starts a trial in its own folder
+    told: list[int] = []
+
+    def report(epoch: int, logs: dict) -> str | None:
+        if told:  # Tune has stopped this trial: the run is ending
+            return None
+        try:
+            tune.report(dict(logs, epoch=epoch))
+        except SystemExit:  # how Tune's function API tells a trial to stop, at its next report
+            told.append(epoch)
+            return f"stopped by Ray Tune's {setup.scheduler} scheduler at epoch {epoch}"
+        return None
+
+    trial = config["trial"]
+    out = Path(setup.output_dir) / trial
+    _train(setup.jobs[trial], (), out, False, setup.worker_logs, setup.resume, time.time(), on_epoch=report)
+
+
+def trainable(setup: TrialSetup) -> type:
+    """The Tune trainable: a function trainable whose stop waits for the run to end."""
+    from ray.train._internal.session import get_session
+    from ray.tune.trainable.function_trainable import wrap_function
+
+    base = wrap_function(functools.partial(run_trial, setup=setup), name="rayparallel_trial")
+
+    class RayParallelTrial(base):
+        def cleanup(self) -> None:
+            # Tune's own cleanup does not wait for the function's thread, and the actor goes
+            # once it returns; the run needs its last epoch and its files written first.
+            get_session().finish(timeout=STOP_GRACE_S)
+            super().cleanup()
+
+    return RayParallelTrial

@@ -1,0 +1,105 @@
+"""A sweep's MLflow parent run; each trial's own run is its child (tag `mlflow.parentRunId`).
+
+The sweep driver is not training, so it talks to MLflow directly: the parent must exist
+before the first trial starts (the children name it), so an unreachable server is an
+error here, before any trial, rather than records retried in the background.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..errors import RayParallelError
+from ..secrets import mask_text
+from .mlflow_run import artifact_root, run_url
+
+if TYPE_CHECKING:
+    import keras
+
+PARENT_TAG = "mlflow.parentRunId"
+BEST_TAG = "rayparallel.best_trial"
+
+
+class SweepRun:
+    """The parent run: created (or, for a resumed sweep, reopened) at construction."""
+
+    def __init__(self, tracking_uri: str, experiment: str, run_name: str, run_id: str | None = None):
+        from mlflow.tracking import MlflowClient
+
+        self.tracking_uri, self.experiment = tracking_uri, experiment
+        self.client = MlflowClient(tracking_uri)
+        try:
+            if run_id:
+                self.experiment_id = self.client.get_run(run_id).info.experiment_id
+                self.client.update_run(run_id, status="RUNNING")
+            else:
+                found = self.client.get_experiment_by_name(experiment)
+                self.experiment_id = (
+                    found.experiment_id
+                    if found
+                    else self.client.create_experiment(experiment, artifact_location=artifact_root(tracking_uri))
+                )
+                run_id = self.client.create_run(self.experiment_id, run_name=run_name).info.run_id
+        except Exception as exc:  # MLflow raises its own and the HTTP client's errors
+            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            raise RayParallelError(
+                f"mlflow.tracking_uri: expected a reachable MLflow store for the sweep's parent run, received "
+                f"{mask_text(tracking_uri)!r} ({type(exc).__name__}: {mask_text(first)}); or set mlflow.enabled=false"
+            ) from None
+        self.run_id: str = run_id
+
+    @property
+    def url(self) -> str | None:
+        return run_url(self.tracking_uri, self.experiment_id, self.run_id)
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "url": self.url,
+            "experiment": self.experiment,
+            "tracking_uri": mask_text(self.tracking_uri),
+        }
+
+    def log_params(self, params: dict[str, str]) -> None:
+        """Params once: a resumed sweep's parent keeps the ones it has (MLflow refuses changes)."""
+        existing = self.client.get_run(self.run_id).data.params
+        for key, value in params.items():
+            if key not in existing:
+                self.client.log_param(self.run_id, key, value)
+
+    def log_best(self, trial: str, child_run_id: str | None, history: list[dict]) -> None:
+        """The best trial's per-epoch figures on the parent, and which child it is on both."""
+        from mlflow.entities import Metric
+
+        metrics = [
+            Metric(key, float(value), 0, epoch)
+            for epoch, logs in enumerate(history, start=1)
+            for key, value in logs.items()
+            if isinstance(value, (int, float))
+        ]
+        for start in range(0, len(metrics), 500):
+            self.client.log_batch(self.run_id, metrics=metrics[start : start + 500])
+        self.client.set_tag(self.run_id, BEST_TAG, trial)
+        if child_run_id:
+            self.client.set_tag(self.run_id, "rayparallel.best_run_id", child_run_id)
+            self.client.set_tag(child_run_id, BEST_TAG, "true")
+
+    def log_model(self, build: Callable[[], keras.Model], registered_model_name: str | None) -> None:
+        import keras
+        import mlflow
+        import mlflow.keras
+        import tensorflow as tf
+
+        mlflow.set_tracking_uri(self.tracking_uri)
+        requirements = [f"tensorflow=={tf.__version__}", f"keras=={keras.__version__}"]
+        with mlflow.start_run(run_id=self.run_id, log_system_metrics=False):
+            mlflow.keras.log_model(
+                build(), name="model", registered_model_name=registered_model_name, pip_requirements=requirements
+            )
+
+    def log_artifact(self, path: str) -> None:
+        self.client.log_artifact(self.run_id, path)
+
+    def end(self, status: str) -> None:
+        self.client.set_terminated(self.run_id, status=status)

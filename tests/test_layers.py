@@ -24,6 +24,7 @@ FLOORS = {
     "worker": 5,
     "cluster": 6,
     "api": 7,
+    "sweep": 7,  # many runs of the API's train, scheduled by Ray Tune
     "cli": 7,
     "__init__": 7,
 }

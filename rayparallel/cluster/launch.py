@@ -146,15 +146,19 @@ def _fit(spec: JobSpec, run: Launch) -> TrainResult:
     )
 
     def end(status: str, files: list[Path]) -> dict | None:
-        state.status = status
-        state.save(output_dir)
         ray.get(actor.writes_done.remote())  # saves rank 0 handed over before a failure are good epochs: keep them
         return ray.get(actor.finish.remote(status, [str(f) for f in files]))
+
+    def record(status: str) -> None:
+        """Last: a run interrupted before its MLflow run and result.json were complete is not finished yet."""
+        state.status = status
+        state.save(output_dir)
 
     try:
         error = _run_with_progress(trainer, actor, show)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from `ray job stop` (see cli)
         end("KILLED", [job_file])
+        record("KILLED")
         say(
             f"\nrayparallel: interrupted; MLflow run marked KILLED; continue with: rayparallel train ... --resume "
             f"--output-dir {output_dir}"
@@ -162,6 +166,7 @@ def _fit(spec: JobSpec, run: Launch) -> TrainResult:
         raise
     if error is not None:
         end("FAILED", [job_file])
+        record("FAILED")
         raise _user_error(error, storage_path) or error
 
     summary = ray.get(actor.summary.remote())
@@ -179,6 +184,7 @@ def _fit(spec: JobSpec, run: Launch) -> TrainResult:
     result_file = result.write()
     result.mlflow = end("FINISHED", [job_file, result_file]) or {}
     result.write()
+    record("FINISHED")
     ray.kill(actor)
     if run.verbose:
         _print_summary(result)

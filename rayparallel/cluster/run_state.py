@@ -101,6 +101,7 @@ RESUMABLE = (
     "run.resume_every_n_steps",
     "failure.max_failures",
     "mlflow.flush_timeout_s",
+    "tune.",  # `train` ignores the sweep's settings
 )
 
 

@@ -295,6 +295,7 @@ def _conclude(
         if best:
             parent.log_best(best.trial.id, best.mlflow_run_id, best.history)
             parent.log_model(lambda: _best_model(best, job.mlflow.model_batch_size), job.mlflow.register_model)
+        parent.end_orphans({o.mlflow_run_id for o in outcomes if o.mlflow_run_id})
         parent.log_artifact(str(table))
         parent.log_artifact(str(output_dir / PLAN_FILE))
         parent.end("FINISHED" if best else "FAILED")

@@ -11,6 +11,7 @@ from pathlib import Path
 from ..cluster.run_state import RUN_FILE
 from .space import Trial
 
+
 @dataclass
 class TrialOutcome:
     trial: Trial

@@ -24,7 +24,7 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, str]:
 
 
 def run_params(spec: JobSpec) -> dict[str, str]:
-    """The flattened spec (secrets masked), the worker layout and the versions that ran it.
+    """The flattened spec but its `tune` section (secrets masked), the worker layout and the versions that ran it.
 
     Versions come from the installed packages' metadata: importing TensorFlow here would cost
     the recorder seconds of CPU while the workers start.
@@ -33,7 +33,9 @@ def run_params(spec: JobSpec) -> dict[str, str]:
 
     from ..version import __version__
 
-    params = flatten(mask(spec.to_dict()))
+    job = spec.to_dict()
+    job.pop("tune")  # the sweep's settings, not this run's (a sweep's parent run logs them)
+    params = flatten(mask(job))
     params.update(
         {
             "num_workers": spec.scaling.described,

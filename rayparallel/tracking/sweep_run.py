@@ -101,5 +101,16 @@ class SweepRun:
     def log_artifact(self, path: str) -> None:
         self.client.log_artifact(self.run_id, path)
 
+    def end_orphans(self, kept: set[str]) -> list[str]:
+        """Children left RUNNING by an interrupted sweep whose trial started over: ended as KILLED."""
+        children = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`{PARENT_TAG}` = '{self.run_id}' and attributes.status = 'RUNNING'",
+        )
+        orphans = [run.info.run_id for run in children if run.info.run_id not in kept]
+        for run_id in orphans:
+            self.client.set_terminated(run_id, status="KILLED")
+        return orphans
+
     def end(self, status: str) -> None:
         self.client.set_terminated(self.run_id, status=status)

@@ -1,0 +1,174 @@
+"""`rayparallel tune` on the session's local Ray: every trial a whole run, ASHA stopping bad
+ones, one MLflow parent with a child per trial (a real `mlflow server`), and a resumed sweep."""
+
+from __future__ import annotations
+
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+import rayparallel
+from tests.models import lstm_job
+
+from .helpers import REPO, cli
+
+pytestmark = pytest.mark.slow
+
+LEARNING_RATES = "grid(0.03, 0.000001, 0.01, 0.000002)"  # good, hopeless, good, hopeless: ASHA must stop one
+
+
+def write_job(folder, job: dict):
+    path = folder / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def rows(out) -> list[dict]:
+    with open(out / "tune_results.csv") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_asha_sweep_one_parent_run_a_child_per_trial_best_exported(ray_address, mlflow_server, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    job = lstm_job("tune-asha", "scaling.num_workers=1", "train.epochs=6", "data.kwargs.windows=1000")
+    job["mlflow"] = {"tracking_uri": mlflow_server.uri, "experiment": "rp-tune", "register_model": "rp-tune-best"}
+    job["tune"] = {"params": {"train.optimizer.config.learning_rate": LEARNING_RATES}, "grace_period": 1}
+    out = tmp_path / "sweep"
+    sets = ["--scheduler", "asha", "--set", "tune.reduction_factor=2", "--max-concurrent", "2"]
+    run = cli("tune", str(write_job(tmp_path, job)), *sets, "--output-dir", str(out), env={"RAY_ADDRESS": ray_address})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+    table = rows(out)
+    assert [r["trial"] for r in table] == ["trial-000", "trial-001", "trial-002", "trial-003"]
+    assert all(r["status"] == "FINISHED" for r in table), table
+    stopped = [r for r in table if r["stopped_early"] == "True"]
+    assert stopped and all(int(r["epochs"]) < 6 for r in stopped), table
+    assert "STOPPED EARLY" in run.stdout and "trial-001: epoch 1: loss:" in run.stdout
+    best = min(table, key=lambda r: float(r["best_val_loss"]))
+    assert best["overrides"] in (
+        "train.optimizer.config.learning_rate=0.03",
+        "train.optimizer.config.learning_rate=0.01",
+    )
+    assert f"best: {best['trial']}, val_loss" in run.stdout
+
+    client = MlflowClient(mlflow_server.uri)
+    experiment = client.get_experiment_by_name("rp-tune")
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 1 and len(runs) == 5
+    parent = parents[0]
+    assert parent.info.status == "FINISHED" and parent.data.tags["rayparallel.best_trial"] == best["trial"]
+    assert parent.data.params["tune.params.train.optimizer.config.learning_rate"] == LEARNING_RATES
+    assert parent.data.params["tune.scheduler"] == "asha" and parent.data.params["tune.metric"] == "val_loss"
+    assert parent.data.metrics["val_loss"] == pytest.approx(
+        json.loads((out / best["trial"] / "result.json").read_text())["history"][-1]["val_loss"]
+    )
+    children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    assert sorted(children) == [r["trial"] for r in table]
+    for row in table:
+        child = children[row["trial"]]
+        result = json.loads((out / row["trial"] / "result.json").read_text())
+        assert (
+            child.info.status == "FINISHED" and child.info.run_id == row["mlflow_run_id"] == result["mlflow"]["run_id"]
+        )
+        for key in ("loss", "mae", "val_loss", "val_mae"):
+            logged = sorted((m.step, m.value) for m in client.get_metric_history(child.info.run_id, key))
+            assert logged == [(e, pytest.approx(h[key])) for e, h in enumerate(result["history"], start=1)]
+        assert ("rayparallel.stopped_early" in child.data.tags) == (row["stopped_early"] == "True")
+        assert child.data.tags.get("rayparallel.best_trial") == ("true" if row is best else None)
+    versions = client.search_model_versions("name='rp-tune-best'")
+    assert [v.run_id for v in versions] == [parent.info.run_id]  # only the parent registers, once
+
+    model = rayparallel.load_model(best["final_weights"], batch_size=1)
+    prediction = model.predict(np.zeros((1, 5, 2), "float32"), verbose=0)
+    assert prediction.shape == (1, 5, 1) and np.isfinite(prediction).all()
+
+
+def test_interrupted_sweep_resumes_only_the_trials_that_did_not_finish(ray_address, tmp_path):
+    job = lstm_job("tune-resume", "scaling.num_workers=1", "train.epochs=2")
+    job["tune"] = {"params": {"model.kwargs.units": "grid(2, 3, 4, 5)"}, "max_concurrent": 2}
+    path, out = write_job(tmp_path, job), tmp_path / "sweep"
+    command = [sys.executable, "-m", "rayparallel.cli", "tune", str(path), "--output-dir", str(out)]
+    with open(tmp_path / "first.log", "w") as log:
+        first = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=log, env=_env(ray_address))
+        finished = _wait_finished(out, first, count=2)
+        first.send_signal(signal.SIGINT)
+        assert first.wait(timeout=120) == 130
+    assert len(finished) == 2, (tmp_path / "first.log").read_text()[-3000:]
+    kept = {trial: (out / trial / "result.json").stat().st_mtime_ns for trial in finished}
+
+    again = cli("tune", str(path), "--output-dir", str(out), "--resume", env={"RAY_ADDRESS": ray_address})
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "2 of 4 trials finished before; running the other 2" in again.stdout
+    assert {trial: (out / trial / "result.json").stat().st_mtime_ns for trial in finished} == kept  # not rerun
+    started = {line.split(":")[0] for line in again.stdout.splitlines() if ": started, " in line}
+    assert started.isdisjoint(finished) and len(started) == 2
+    assert [r["status"] for r in rows(out)] == ["FINISHED"] * 4
+
+    from mlflow.tracking import MlflowClient
+
+    plan = json.loads((out / "tune.json").read_text())
+    client = MlflowClient()  # the session's store (MLFLOW_TRACKING_URI)
+    parent = client.get_run(plan["mlflow_parent_run_id"])
+    assert parent.info.status == "FINISHED"
+    children = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
+    )
+    finished_children = sorted(r.info.run_name for r in children if r.info.status == "FINISHED")
+    assert finished_children == ["trial-000", "trial-001", "trial-002", "trial-003"]
+    assert all(r.info.status in ("FINISHED", "KILLED") for r in children)  # a trial that started over: KILLED
+
+
+def test_sweep_bad_input_is_one_line_before_any_trial(ray_address, tmp_path):
+    job = lstm_job("tune-bad", "scaling.num_workers=1")
+    path = write_job(tmp_path, job)
+    lr = "train.optimizer.config.learning_rate"
+    cases = [
+        (["--param", f"{lr}=normal(0, 1)"], f"--param {lr}: expected FUNCTION(ARGS)"),
+        (["--param", f"{lr}=loguniform(0, 1)"], f"--param {lr}: expected loguniform(lo, hi) with two numbers lo < hi"),
+        (["--param", "train.lerning_rate=choice(1, 2)"], "train.lerning_rate: unknown key"),
+        (["--param", "model.kwargs.units=grid(2, 3)", "--samples", "2"], "--samples: expected 1 for a sweep of grid"),
+        (["--param", "model.kwargs.units=grid(2, 3)", "--metric", "accuracy"], "--metric: expected one of the figures"),
+        (["--param", "model.kwargs.units=grid(2, 3)", "--set", "tune.mode=best"], "tune.mode: expected one of"),
+        (["--param", "lr"], "--param: expected KEY=SPACE"),
+    ]
+    for args, message in cases:
+        run = cli("tune", str(path), *args, "--output-dir", str(tmp_path / "out"), env={"RAY_ADDRESS": ray_address})
+        assert run.returncode == 2 and message in run.stderr, (args, run.stderr[-2000:])
+        assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert not (tmp_path / "out" / "tune.json").exists()
+
+    # in-process on the session's Ray (no RAY_ADDRESS: a cluster that does not grow): what fits is checked
+    with pytest.raises(rayparallel.RayParallelError, match=r"trial-001: scaling: expected the cluster to have 6 CPU"):
+        rayparallel.tune(job, {"scaling.num_workers": "grid(1, 6)"}, output_dir=tmp_path / "out", verbose=False)
+    with pytest.raises(rayparallel.RayParallelError, match=r"--max-concurrent: expected at most 2 trials at once"):
+        rayparallel.tune(
+            job, {"scaling.num_workers": "grid(1, 2)"}, max_concurrent=3, output_dir=tmp_path / "out", verbose=False
+        )
+
+
+def _env(ray_address: str) -> dict:
+    import os
+
+    return {**os.environ, "RAY_ADDRESS": ray_address}
+
+
+def _wait_finished(out, process, count: int, timeout: float = 600) -> list[str]:
+    """The trials whose run.json says FINISHED, once `count` of them do (or the sweep ended)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        done = sorted(
+            f.parent.name for f in out.glob("trial-*/run.json") if json.loads(f.read_text())["status"] == "FINISHED"
+        )
+        if len(done) >= count:
+            return done
+        time.sleep(0.2)
+    return []

@@ -86,9 +86,27 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--batch-size", type=int, default=1, help="batch size of the exported model (default 1)")
     export.add_argument("--out", required=True, help="output .keras file")
     export.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="model.kwargs.KEY=VALUE",
+        help="rebuild with another builder argument, e.g. model.kwargs.window=1 (repeatable)",
+    )
+    export.add_argument(
         "--unlisted", action="store_true", help="accept a weights file the folder's manifest does not list"
     )
     return parser
+
+
+def _builder_kwargs(overrides: list[str]) -> dict:
+    """`export --set model.kwargs.window=1` -> {"window": 1}: only the builder's arguments change."""
+    from .spec import apply_overrides
+
+    for item in overrides:
+        if not item.startswith("model.kwargs."):
+            raise RayParallelError(f"--set: expected model.kwargs.KEY=VALUE (a builder argument), received {item!r}")
+    return apply_overrides({}, overrides).get("model", {}).get("kwargs", {})
 
 
 def _param(item: str) -> tuple[str, str]:
@@ -137,8 +155,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "export":
             from .checkpoint.export import export
 
-            path = export(args.checkpoint, args.out, args.batch_size, args.unlisted)
-            print(f"exported {args.checkpoint} at batch size {args.batch_size} to {path}")
+            kwargs = _builder_kwargs(args.overrides)
+            path, weights, why = export(args.checkpoint, args.out, args.batch_size, args.unlisted, **kwargs)
+            changed = f" with {kwargs}" if kwargs else ""
+            print(f"exported {weights} ({why}) at batch size {args.batch_size}{changed} to {path}")
         elif args.command == "validate":
             from .api import validate
 

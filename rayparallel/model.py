@@ -28,7 +28,16 @@ def build_model(spec: ModelSpec, batch_size: int, dtype_policy: str = "float32")
         model = builder(batch_size=batch_size, **spec.kwargs)
     if not isinstance(model, keras.Model):
         raise ModelError(f"model.builder: expected a keras.Model, received {describe(model)} from {spec.builder!r}")
-    for tensor in model.inputs:
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):  # a Sequential without an Input has none yet
+        inputs = None
+    if not inputs:
+        raise ModelError(
+            f"model.builder: expected a model with defined inputs, received a {type(model).__name__} without an "
+            f"Input from {spec.builder!r}; start it with keras.Input(batch_shape=(batch_size, ...))"
+        )
+    for tensor in inputs:
         fixed = tensor.shape[0]
         if fixed is not None and fixed != batch_size:
             raise ModelError(

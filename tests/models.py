@@ -50,7 +50,35 @@ def blobs(rows: int = 96, val_rows: int = 24, classes: int = 3):
     return {"x_train": images[:rows], "y_train": labels[:rows], "x_val": images[rows:], "y_val": labels[rows:]}
 
 
+def dense_regressor(batch_size: int, features: int = 4):
+    """Stateless, with a fixed batch: trained on `layout: streams` its batches are Keras `fit`'s with shuffle=False."""
+    import keras
+
+    inputs = keras.Input(batch_shape=(batch_size, features))
+    hidden = keras.layers.Dense(8, activation="tanh")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(1)(hidden))
+
+
+def linear_rows(rows: int = 96, val_rows: int = 32, features: int = 4):
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(rows + val_rows, features)).astype("float32")
+    y = (x @ rng.normal(size=(features, 1)) + 0.1 * rng.normal(size=(rows + val_rows, 1))).astype("float32")
+    return {"x_train": x[:rows], "y_train": y[:rows], "x_val": x[rows:], "y_val": y[rows:]}
+
+
 # --- bad inputs -------------------------------------------------------------------------
+
+
+def sequential_without_input(batch_size: int):
+    import keras
+
+    return keras.Sequential([keras.layers.Dense(3)])
+
+
+def wide_targets(global_batch_size: int):
+    """y with 5 values per step for a model with one: `mse` would broadcast it silently."""
+    data = sine_streams(global_batch_size)
+    return {"x_train": data["x_train"], "y_train": np.repeat(data["y_train"], 5, axis=-1)}
 
 
 def not_a_model(batch_size: int):

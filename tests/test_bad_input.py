@@ -66,6 +66,54 @@ CNN = {
         (CNN, ["train.loss=msee"], "train.loss: expected a Keras loss name"),
         (CNN, ["train.metrics=[acuracy]"], "train.metrics: expected Keras metric names"),
         (
+            CNN,
+            ["model.builder=tests.models:sequential_without_input"],
+            "model.builder: expected a model with defined inputs, received a Sequential without an Input from "
+            "'tests.models:sequential_without_input'; start it with keras.Input(batch_shape=(batch_size, ...))",
+        ),
+        (
+            LSTM,
+            ["data.loader=tests.models:wide_targets", "train.loss=mse"],
+            "data.loader: expected y_train rows of shape (5, 1) to match the model's output (5, 1) for the loss "
+            "'mse', received rows of shape (5, 5)",
+        ),
+        (
+            CNN,
+            ["train.callbacks=[{class_name: ModelCheckpoint, config: {filepath: x.keras}}]"],
+            "train.callbacks[0]: expected a callback that runs across workers, received ModelCheckpoint; the job's "
+            "checkpoint: section",
+        ),
+        (
+            CNN,
+            ["train.callbacks=[BackupAndRestore]"],
+            "train.callbacks[0]: expected a callback that runs across workers, received BackupAndRestore; --resume",
+        ),
+        (
+            CNN,
+            ["train.callbacks=[EarlyStoping]"],
+            "train.callbacks[0].class_name: expected a keras.callbacks class (EarlyStopping, ReduceLROnPlateau",
+        ),
+        (
+            CNN,
+            ["train.callbacks=[{class: 'tests.callbacks:NotACallback'}]"],
+            "train.callbacks[0].class: expected a keras.callbacks.Callback subclass, received 'tests.callbacks:NotA",
+        ),
+        (
+            CNN,
+            ["train.callbacks=[{class_name: EarlyStopping, config: {patients: 2}}]"],
+            "train.callbacks[0]: expected arguments EarlyStopping accepts, received ['patients']",
+        ),
+        (
+            CNN,
+            ["train.callbacks=[{name: EarlyStopping}]"],
+            "train.callbacks[0]: expected {class_name: <keras.callbacks class>, config: {...}} or {class: module:Class",
+        ),
+        (
+            CNN,
+            ["train.optimizer={class_name: Adam, config: {learning_rate: {class_name: CosineDecy, config: {}}}}"],
+            "train.optimizer.config.learning_rate: expected a number or a keras.optimizers.schedules class",
+        ),
+        (
             LSTM,
             ["data.loader=tests.models:small_cnn"],
             "data.loader: expected a dict with x_train, y_train[, x_val, y_val], received <Functional",

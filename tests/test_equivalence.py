@@ -94,3 +94,53 @@ def test_xla_step_trains_the_same_model(cnn_one_worker, tmp_path):
     print(f"cnn shuffle: 2 workers with XLA vs 1 without, max relative weight error {error:.2e}")
     assert error < 1e-5
     assert xla.final["loss"] == pytest.approx(one.final["loss"], rel=1e-4)
+
+
+SCHEDULE = {"initial_learning_rate": 0.0, "decay_steps": 30, "warmup_target": 0.05, "warmup_steps": 6}
+CLIPPED = {
+    "name": "eq-keras-fit",
+    "model": {"builder": "tests.models:dense_regressor"},
+    "data": {"loader": "tests.models:linear_rows", "layout": "streams"},  # row order kept: fit's shuffle=False
+    "train": {
+        "global_batch_size": 8,
+        "epochs": 3,
+        "optimizer": {
+            "class_name": "Adam",
+            "config": {"learning_rate": {"class_name": "CosineDecay", "config": SCHEDULE}, "global_clipnorm": 0.1},
+        },
+        "metrics": ["mae"],
+        "seed": 4,
+    },
+    "mlflow": {"enabled": False},
+}
+
+
+def test_schedule_and_global_clipnorm_train_what_keras_fit_trains(ray_address, tmp_path):
+    """The oracle is plain Keras `fit` in this process. Keras clips before its all-reduce (each
+    worker's share); rayparallel clips the summed gradient, as one device does."""
+    import keras
+
+    from tests.models import dense_regressor, linear_rows
+
+    keras.utils.set_random_seed(CLIPPED["train"]["seed"])
+    model = dense_regressor(batch_size=8)
+    schedule = keras.optimizers.schedules.CosineDecay(**SCHEDULE)
+    model.compile(keras.optimizers.Adam(learning_rate=schedule, global_clipnorm=0.1), loss="mse", metrics=["mae"])
+    data = linear_rows()
+    fit = model.fit(
+        data["x_train"],
+        data["y_train"],
+        batch_size=8,
+        epochs=3,
+        shuffle=False,
+        validation_data=(data["x_val"], data["y_val"]),
+        verbose=0,
+    ).history
+    for workers in (1, 2):
+        result = run(CLIPPED, tmp_path, workers, 1)
+        error = max_relative_error(final_weights(result.final_weights, dense_regressor), model.get_weights())
+        print(f"CosineDecay + global_clipnorm: {workers} workers vs Keras fit, max relative weight error {error:.2e}")
+        assert error < 1e-5
+        assert set(fit) <= set(result.history[0])
+        for key, values in fit.items():
+            assert [epoch[key] for epoch in result.history] == pytest.approx(values, rel=1e-4), key

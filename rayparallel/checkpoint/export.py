@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import RayParallelError
 from ..model import build_model
@@ -21,8 +21,9 @@ if TYPE_CHECKING:
     import keras
 
 
-def find_weights(checkpoint: str | os.PathLike, unlisted: bool = False) -> tuple[Path, dict]:
-    """A weights file and its manifest; a folder means its best checkpoint (else the final one).
+def find_weights(checkpoint: str | os.PathLike, unlisted: bool = False) -> tuple[Path, dict, str]:
+    """A weights file, its manifest, and why it was taken; a folder means its best checkpoint
+    (by the checkpoint monitor), else the final weights, else the newest checkpoint.
 
     The manifest's recipe describes the files it lists; a file it does not list (an earlier
     run's, copied in) may be another model, so it is refused unless `unlisted`.
@@ -34,10 +35,13 @@ def find_weights(checkpoint: str | os.PathLike, unlisted: bool = False) -> tuple
         )
     folder = path if path.is_dir() else path.parent
     manifest = read_manifest(folder)
+    why = "the file given"
     if path.is_dir():
-        chosen = manifest.get("best") or (manifest.get("final") or {}).get("file")
+        chosen, why = manifest.get("best"), f"the best by {manifest.get('monitor', 'the monitor')}"
+        if not chosen:
+            chosen, why = (manifest.get("final") or {}).get("file"), "the final weights"
         if not chosen and manifest.get("checkpoints"):
-            chosen = manifest["checkpoints"][-1]["file"]
+            chosen, why = manifest["checkpoints"][-1]["file"], "the newest checkpoint"
         if not chosen:
             raise RayParallelError(
                 f"checkpoint: expected {str(folder)!r} to list at least one weights file, received none"
@@ -53,46 +57,81 @@ def find_weights(checkpoint: str | os.PathLike, unlisted: bool = False) -> tuple
             f"checkpoint: expected a weights file that {str(folder / 'manifest.json')!r} lists, received "
             f"{str(path)!r}, which it does not (an earlier run's file?); --unlisted rebuilds it with this recipe anyway"
         )
-    return path, manifest
+    return path, manifest, why
 
 
-def load_model(checkpoint: str | os.PathLike, batch_size: int = 1, unlisted: bool = False) -> keras.Model:
+def load_model(
+    checkpoint: str | os.PathLike, batch_size: int = 1, unlisted: bool = False, **builder_kwargs: Any
+) -> keras.Model:
     """The base model rebuilt for `batch_size` with the checkpoint's weights.
+
+    `builder_kwargs` change the builder's arguments from the recorded ones (a model trained
+    on windows of 10 steps, served one step at a time: `window=1`); the weights must fit.
 
     >>> model = rayparallel.load_model("runs/stateful-lstm-co2/checkpoints", batch_size=1)  # doctest: +SKIP
     """
+    return _rebuilt(checkpoint, batch_size, unlisted, builder_kwargs)[0]
+
+
+def _rebuilt(
+    checkpoint: str | os.PathLike, batch_size: int, unlisted: bool, builder_kwargs: dict
+) -> tuple[keras.Model, Path, str]:
     import h5py
 
     from ..quiet import import_tensorflow
 
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
         raise RayParallelError(f"batch_size: expected a positive integer, received {batch_size!r}")
-    path, manifest = find_weights(checkpoint, unlisted)
+    path, manifest, why = find_weights(checkpoint, unlisted)
     if not h5py.is_hdf5(path):
         raise RayParallelError(
             f"checkpoint: expected a Keras .weights.h5 (HDF5) file, received {str(path)!r} (corrupt or not HDF5)"
         )
-    recipe = manifest["model"]
+    recipe = ModelSpec(builder=manifest["model"]["builder"], kwargs=manifest["model"].get("kwargs") or {})
+    wanted = ModelSpec(recipe.builder, {**recipe.kwargs, **builder_kwargs})
     import_tensorflow()
     add_search_path([os.getcwd()])  # the builder is imported as from where the job was launched
-    model = build_model(ModelSpec(builder=recipe["builder"], kwargs=recipe.get("kwargs") or {}), batch_size)
+    model = build_model(wanted, batch_size)
     try:
         model.load_weights(str(path))
     except Exception as exc:  # Keras raises ValueError/KeyError/OSError for mismatches
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RayParallelError(
-            f"checkpoint: expected weights matching the model of {recipe['builder']} with kwargs {recipe.get('kwargs')}, "
-            f"received {str(path)!r} that does not fit it ({first})"
-        ) from None
-    return model
+        raise RayParallelError(_misfit(recipe, wanted, model, path, exc)) from None
+    return model, path, why
 
 
-def export(checkpoint: str | os.PathLike, out: str | os.PathLike, batch_size: int = 1, unlisted: bool = False) -> Path:
-    """Save the rebuilt model as a full `.keras` file (architecture + weights)."""
+def _misfit(recipe: ModelSpec, wanted: ModelSpec, model: keras.Model, path: Path, exc: Exception) -> str:
+    """One line: the first layer whose weights differ in shape between the trained and the asked-for model."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if wanted.kwargs != recipe.kwargs:
+        trained = build_model(recipe, 1)
+        for old, new in zip(trained.layers, model.layers, strict=False):
+            old_shapes = [tuple(w.shape) for w in old.weights]
+            new_shapes = [tuple(w.shape) for w in new.weights]
+            if old_shapes != new_shapes:
+                return (
+                    f"model.kwargs: expected arguments that keep the trained weights' shapes, received "
+                    f"{wanted.kwargs}: layer {new.name!r} has weights {new_shapes}, trained {old_shapes} "
+                    f"with {recipe.kwargs}"
+                )
+    return (
+        f"checkpoint: expected weights matching the model of {wanted.builder} with kwargs {wanted.kwargs}, "
+        f"received {str(path)!r} that does not fit it ({first})"
+    )
+
+
+def export(
+    checkpoint: str | os.PathLike,
+    out: str | os.PathLike,
+    batch_size: int = 1,
+    unlisted: bool = False,
+    **builder_kwargs: Any,
+) -> tuple[Path, Path, str]:
+    """Save the rebuilt model as a full `.keras` file (architecture + weights); returns the
+    file written, the weights file taken and why it was taken."""
     out = Path(out)
     if out.suffix != ".keras":
         raise RayParallelError(f"--out: expected a path ending in '.keras', received {str(out)!r}")
-    model = load_model(checkpoint, batch_size, unlisted)
+    model, weights, why = _rebuilt(checkpoint, batch_size, unlisted, builder_kwargs)
     out.parent.mkdir(parents=True, exist_ok=True)
     model.save(str(out))
-    return out
+    return out, weights, why

@@ -135,7 +135,12 @@ def _fit(spec: JobSpec, run: Launch) -> TrainResult:
     trainer = DataParallelTrainer(
         train_loop_per_worker,
         backend_config=TensorflowBackendConfig(),
-        train_loop_config={"spec": spec, "actor": actor, "search_path": run.search_path},
+        train_loop_config={
+            "spec": spec,
+            "actor": actor,
+            "search_path": run.search_path,
+            "output_dir": str(output_dir),
+        },
         scaling_config=scaling_config,
         run_config=RunConfig(
             name=state.ray_run_name,

@@ -135,14 +135,16 @@ class RunRecorder:
             for epoch, logs in enumerate(history, start=1):
                 self._history.setdefault(epoch, dict(logs))
 
-    def stop_after(self, epoch: int) -> str | None:
-        """Whether the run ends after `epoch`, and why: decided at the first rank's question, so
-        every rank gets the same answer and all leave the loop after the same epoch."""
+    def stop_after(self, epoch: int, reason: str | None = None) -> str | None:
+        """Whether the run ends after `epoch`, and why: a callback's `reason` (the same on every
+        rank) or the driver's request. Decided at the first rank's question, so every rank gets
+        the same answer and all leave the loop after the same epoch."""
         with self._lock:
             if epoch not in self._stop_answers:  # after the last epoch a stop changes nothing
-                self._stop_answers[epoch] = self._stop_reason if epoch < self._spec.train.epochs else None
-                if self._stop_reason and self._stopped is None:
-                    self._stopped = {"epoch": epoch, "reason": self._stop_reason}
+                wanted = reason or self._stop_reason
+                self._stop_answers[epoch] = wanted if epoch < self._spec.train.epochs else None
+                if self._stop_answers[epoch] and self._stopped is None:
+                    self._stopped = {"epoch": epoch, "reason": self._stop_answers[epoch]}
             return self._stop_answers[epoch]
 
     def mark_phase(self, phase: str, at: float) -> None:

@@ -58,6 +58,8 @@ class TrainSpec:
     optimizer: Identifier = "adam"
     loss: Identifier = "mean_squared_error"
     metrics: list = field(default_factory=list)
+    # Keras callbacks: {class_name: EarlyStopping, config: {...}} or {class: module:Class, kwargs: {...}}
+    callbacks: list = field(default_factory=list)
     seed: int = 0
     progress_every_n_steps: int = 0  # 0: about ten progress updates per epoch, at least 2 s apart
     on_nan: Literal["stop", "ignore"] = "stop"  # a non-finite loss stops the run, naming epoch and step

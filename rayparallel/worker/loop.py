@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ..checkpoint.client import CheckpointClient
 from ..checkpoint.policy import FINAL, Saved, SaveDecision
 from ..checkpoint.resume_state import position_name, unused_name
@@ -24,21 +26,24 @@ from ..spec.references import add_search_path
 from ..spec.schema import rank_rows
 from . import replica, resume, shards
 from .cadence import ProgressCadence
+from .callbacks import Callbacks, make_callbacks
 from .step import EpochFigures, Steps
-from .sync import Reducer, compress_gradients, configure_threads, make_strategy
+from .sync import Reducer, clip_after_all_reduce, compress_gradients, configure_threads, make_strategy
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
+
+OWN_FIGURES = ("samples_per_s", "loss_scale")  # in rayparallel's logs, not in Keras' (callbacks get Keras')
 
 
 def train_loop_per_worker(config: dict) -> None:
     """Entry point handed to Ray Train (`DataParallelTrainer(train_loop_per_worker=...)`)."""
     add_search_path(config["search_path"])
-    WorkerRun(config["spec"], config["actor"]).fit()
+    WorkerRun(config["spec"], config["actor"], config["output_dir"]).fit()
 
 
 class WorkerRun:
-    def __init__(self, spec: JobSpec, actor: ActorHandle):
+    def __init__(self, spec: JobSpec, actor: ActorHandle, output_dir: str):
         import ray
         import ray.train
 
@@ -65,6 +70,7 @@ class WorkerRun:
             self.optimizer = replica.make_optimizer(spec.train.optimizer)
             self.optimizer.build(self.model.trainable_variables)  # not lazily inside the compiled step
         compress_gradients(self.optimizer, spec.train.gradient_compression)
+        clip_after_all_reduce(self.optimizer)  # after: clipping acts on the summed, cast-back gradient
         self._mark("replica_built")
         metrics = replica.make_metrics(
             spec.train.metrics, spec.train.loss, self.data.train.y, tuple(self.model.outputs[0].shape)
@@ -79,7 +85,7 @@ class WorkerRun:
             replica.use_jit(spec.train.jit_compile, self.model),
             spec.train.loss_scale,
         )
-        reducer = Reducer(self.strategy)
+        self.reducer = reducer = Reducer(self.strategy)
         self.figures = EpochFigures(self.steps, reducer, self.rank, self.world)
         self.stateful = replica.stateful_layers(self.model)
         rows = rank_rows(self.global_batch, self.world, self.rank)
@@ -87,6 +93,9 @@ class WorkerRun:
         self.steps_per_epoch = shards.steps_per_epoch(self.data.train.rows, self.global_batch)
         self.cadence = ProgressCadence(self.steps_per_epoch, spec.train.progress_every_n_steps)
         self.decision = SaveDecision(spec.checkpoint)
+        made = make_callbacks(spec.train.callbacks, self.rank, output_dir)
+        params = {"epochs": spec.train.epochs, "steps": self.steps_per_epoch, "verbose": 0}
+        self.callbacks = Callbacks(made, self.model, self.optimizer, params)
         self.client = CheckpointClient(actor) if self.rank == 0 else None
 
         # local or mounted storage: the recorder names the newest intact point (epoch ends and
@@ -131,7 +140,9 @@ class WorkerRun:
         import ray.train
 
         logs: dict = {}
+        self.callbacks.on_train_begin()
         for epoch in range(self.start_epoch + 1, self.spec.train.epochs + 1):
+            self.callbacks.on_epoch_begin(epoch)
             started = time.perf_counter()
             skip = self.start_step if epoch == self.start_epoch + 1 else 0  # resumed inside this epoch
             logs = self.train_epoch(epoch, skip)
@@ -142,6 +153,7 @@ class WorkerRun:
                 logs["loss_scale"] = float(self.steps.loss_scale.value.numpy())
             if self.data.val is not None:
                 logs.update(self.evaluate())
+            stop = self._callbacks_epoch_end(epoch, logs)
             self.history.append(logs)
             if self.rank == 0:
                 self.actor.end_epoch.remote(epoch, logs, seconds)
@@ -159,9 +171,10 @@ class WorkerRun:
                 checkpoint_dir_name=self._point_name(epoch),
                 delete_local_checkpoint_after_upload=checkpoint is not None,
             )
-            if ray.get(self.actor.stop_after.remote(epoch)):  # asked by the driver; the same answer on every rank
+            if ray.get(self.actor.stop_after.remote(epoch, stop)):  # the same answer on every rank
                 break
 
+        self.callbacks.on_train_end(dict(logs))  # EarlyStopping(restore_best_weights) restores here
         weights = self.model.get_weights()  # every rank reads, see resume.snapshot
         # replicas in step hold identical weights: result.json shows each rank's digest
         ray.get(self.actor.update_worker.remote(self.rank, {"final_weights_sha256": resume.digest(weights)}))
@@ -204,12 +217,26 @@ class WorkerRun:
                     self.actor.log_progress.remote(
                         epoch, step, steps_per_epoch, loss, step * self.global_batch / seconds
                     )
+                self.callbacks.on_train_batch_end(step, {"loss": loss})
             if save_every and global_step % save_every == 0:
                 running = {"loss": self.figures.running_loss(step)}
                 self.save(resume.snapshot(self.model.weights), epoch, global_step, step, running)
             if resume_every and global_step % resume_every == 0 and step < steps_per_epoch:  # ends: Ray's
                 self.save_resume_point(epoch, step)
         return self.figures.collect(steps_per_epoch)
+
+    def _callbacks_epoch_end(self, epoch: int, logs: dict) -> str | None:
+        """The callbacks see the epoch's global logs with Keras' keys, and may add to them
+        (ReduceLROnPlateau: learning_rate); returns why a callback stopped training, if one did."""
+        keras_logs = {k: v for k, v in logs.items() if k not in OWN_FIGURES}
+        self.callbacks.on_epoch_end(epoch, keras_logs)
+        logs.update(keras_logs)
+        reason = self.callbacks.stop_reason
+        if self.spec.train.callbacks:  # a writer runs on rank 0 only and may stop: every rank must hear of it
+            (stopped,) = self.reducer.sum([np.array([1.0 if reason else 0.0])])
+            if stopped[0] and not reason:
+                reason = "a callback on rank 0 stopped training"
+        return reason
 
     def save_resume_point(self, epoch: int, step: int) -> None:
         """Every rank snapshots and gathers (collectives); rank 0 hands the point to the recorder."""
@@ -233,9 +260,12 @@ class WorkerRun:
             self.actor.mark_phase.remote(phase, time.time())
 
     def _check_finite(self, epoch: int) -> None:
-        """Every rank sees the same reduced figures, so all stop together, before any save."""
+        """Every rank sees the same reduced figures, so all stop together, before any save; with
+        Keras' TerminateOnNaN the run ends as finished after the epoch instead, as `fit` does."""
         step = self.figures.nonfinite_step
-        if step and self.spec.train.on_nan == "stop":
+        if step and self.spec.train.on_nan == "stop" and self.callbacks.ends_on_nan:
+            self.callbacks.on_train_batch_end(step, {"loss": float("nan")})  # ends the run after this epoch
+        elif step and self.spec.train.on_nan == "stop":
             raise NonFiniteLossError(
                 f"train.on_nan: expected finite losses, received NaN/inf at epoch {epoch}, step {step}; stopped "
                 f"before saving (the newest checkpoint is from epoch {epoch - 1}). Lower the learning rate, "

@@ -14,6 +14,7 @@ from ..model import build_model
 from ..quiet import import_tensorflow
 from ..spec import JobSpec
 from . import replica, shards
+from .callbacks import callback_classes
 
 
 @dataclass
@@ -30,10 +31,12 @@ def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
     model = build_model(spec.model, spec.per_worker_batch_size, spec.train.dtype_policy)
     replica.make_optimizer(spec.train.optimizer)
     replica.per_sample_loss(spec.train.loss)
+    replica.check_targets(spec.train.loss, data.train.y, tuple(model.outputs[0].shape))
     metrics = replica.make_metrics(spec.train.metrics, spec.train.loss, data.train.y, tuple(model.outputs[0].shape))
     train_keys = ["loss"] + [m.name for m in metrics]
     scale = ["loss_scale"] if spec.train.loss_scale else []
     keys = train_keys + ["samples_per_s"] + scale + ([f"val_{k}" for k in train_keys] if data.val is not None else [])
+    callback_classes(spec.train.callbacks)
     if spec.checkpoint.enabled:
         check_against_metrics(spec.checkpoint, epoch_keys=keys, step_keys=["loss"])
     return Preflight(baselines=data.baselines, epoch_keys=keys)

@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from ..errors import ModelError, SpecError
+from ..errors import DataError, ModelError, SpecError
 from ..model import build_model
 
 if TYPE_CHECKING:
@@ -109,12 +109,35 @@ def reset_states(layers: list[keras.layers.Layer]) -> None:
 def make_optimizer(identifier: str | dict) -> keras.optimizers.Optimizer:
     import keras
 
+    identifier = _with_schedule(identifier)
     try:
         return keras.optimizers.get(identifier)
     except (ValueError, TypeError) as exc:
         raise SpecError(
             f"train.optimizer: expected a Keras optimizer name or {{class_name, config}}, received {identifier!r} ({exc})"
         ) from None
+
+
+def _with_schedule(identifier: str | dict) -> str | dict:
+    """`learning_rate: {class_name: CosineDecay, config: {...}}` as users write it, made the
+    `keras.optimizers.schedules` object Keras' optimizer config needs (it only finds its own
+    classes there when the dict also names their module)."""
+    import keras
+
+    rate = identifier.get("config", {}).get("learning_rate") if isinstance(identifier, dict) else None
+    if not isinstance(rate, dict):
+        return identifier
+    try:
+        schedule = keras.optimizers.schedules.deserialize(rate)
+        if not isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+            raise ValueError(f"not a class of keras.optimizers.schedules: {rate.get('class_name')!r}")
+    except (ValueError, TypeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecError(
+            "train.optimizer.config.learning_rate: expected a number or a keras.optimizers.schedules class as "
+            f"{{class_name, config}} (CosineDecay, ExponentialDecay, ...), received {rate!r} ({first})"
+        ) from None
+    return {**identifier, "config": {**identifier["config"], "learning_rate": schedule}}
 
 
 def per_sample_loss(identifier: str | dict) -> Callable:
@@ -142,6 +165,52 @@ def per_sample_loss(identifier: str | dict) -> Callable:
 
 
 _ACCURACY = ("accuracy", "acc")
+
+
+def check_targets(loss: str | dict, y: np.ndarray, output_shape: tuple) -> None:
+    """Targets must have the model output's shape for the loss: Keras would broadcast a (b, 5)
+    target against a (b, 1) output and train on something else without a word."""
+    name = loss if isinstance(loss, str) else loss.get("class_name", "") if isinstance(loss, dict) else ""
+    name = name.lower().replace("_", "")
+    if not name or name not in _KNOWN_LOSSES:
+        return  # a user's loss decides for itself
+    target, out = tuple(y.shape[1:]), tuple(output_shape[1:])
+    if "sparse" in name:  # integer labels: the output has one more axis (the classes)
+        fits = target in (out[:-1], out[:-1] + (1,))
+        wanted = f"{out[:-1]} (class indices)"
+    else:
+        fits = target == out or target + (1,) == out
+        wanted = str(out)
+    if not fits:
+        raise DataError(
+            f"data.loader: expected y_train rows of shape {wanted} to match the model's output {out} for the loss "
+            f"{name!r}, received rows of shape {target}"
+        )
+
+
+_KNOWN_LOSSES = {
+    "meansquarederror",
+    "mse",
+    "meanabsoluteerror",
+    "mae",
+    "huber",
+    "logcosh",
+    "meansquaredlogarithmicerror",
+    "msle",
+    "meanabsolutepercentageerror",
+    "mape",
+    "binarycrossentropy",
+    "categoricalcrossentropy",
+    "sparsecategoricalcrossentropy",
+    "binaryfocalcrossentropy",
+    "categoricalfocalcrossentropy",
+    "kldivergence",
+    "kld",
+    "poisson",
+    "cosinesimilarity",
+    "hinge",
+    "squaredhinge",
+}
 
 
 def make_metrics(

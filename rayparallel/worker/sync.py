@@ -68,6 +68,26 @@ def compress_gradients(optimizer: keras.optimizers.Optimizer, mode: str) -> None
     optimizer._all_reduce_sum_gradients = compressed
 
 
+def clip_after_all_reduce(optimizer: keras.optimizers.Optimizer) -> None:
+    """Make the optimizer clip the global gradient, as one device does, not each worker's share.
+
+    Keras' optimizer clips (`clipnorm`, `clipvalue`, `global_clipnorm`) before its all-reduce,
+    so under a strategy each worker would clip its partial gradient and N workers would train
+    another model than one. On this one instance the clipping moves after the all-reduce
+    (after `compress_gradients`' cast back, when both are set).
+    """
+    if all(getattr(optimizer, name) is None for name in ("clipnorm", "clipvalue", "global_clipnorm")):
+        return
+    clip, all_reduce = optimizer._clip_gradients, optimizer._all_reduce_sum_gradients
+
+    def reduce_then_clip(grads_and_vars):
+        pairs = list(all_reduce(grads_and_vars))
+        return list(zip(clip([g for g, _ in pairs]), [v for _, v in pairs], strict=True))
+
+    optimizer._clip_gradients = lambda grads: grads
+    optimizer._all_reduce_sum_gradients = reduce_then_clip
+
+
 class Reducer:
     """Sums a list of NumPy arrays over all workers in one collective (every rank must call)."""
 

@@ -1,0 +1,134 @@
+"""Keras callbacks in rayparallel runs, checked against plain Keras `fit` in this process."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+
+import rayparallel
+
+from .helpers import final_weights, max_relative_error
+
+pytestmark = pytest.mark.slow
+
+EARLY = {"monitor": "val_loss", "patience": 2, "min_delta": 0.01, "restore_best_weights": True}
+PLATEAU = {"monitor": "val_loss", "factor": 0.5, "patience": 0, "min_delta": 0.02}
+JOB = {
+    "name": "callbacks",
+    "model": {"builder": "tests.models:dense_regressor"},
+    "data": {"loader": "tests.models:linear_rows", "layout": "streams"},  # row order kept: fit's shuffle=False
+    "train": {
+        "global_batch_size": 8,
+        "epochs": 12,
+        "optimizer": {"class_name": "Adam", "config": {"learning_rate": 0.02}},
+        "metrics": ["mae"],
+        "seed": 4,
+    },
+    "mlflow": {"enabled": False},
+}
+
+
+def keras_fit(callbacks: list, epochs: int = 12):
+    """The oracle: the same model, data, seed and callbacks through plain `model.fit`."""
+    import keras
+
+    from tests.models import dense_regressor, linear_rows
+
+    keras.utils.set_random_seed(JOB["train"]["seed"])
+    model = dense_regressor(batch_size=8)
+    model.compile(keras.optimizers.Adam(0.02), loss="mean_squared_error", metrics=["mae"])
+    data = linear_rows()
+    history = model.fit(
+        data["x_train"],
+        data["y_train"],
+        batch_size=8,
+        epochs=epochs,
+        shuffle=False,
+        validation_data=(data["x_val"], data["y_val"]),
+        verbose=0,
+        callbacks=callbacks,
+    ).history
+    return model, history
+
+
+def test_early_stopping_plateau_and_writers_act_as_in_keras_fit(ray_address, tmp_path):
+    import keras
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tests.models import dense_regressor
+
+    oracle, fit = keras_fit([keras.callbacks.EarlyStopping(**EARLY), keras.callbacks.ReduceLROnPlateau(**PLATEAU)])
+    assert len(fit["loss"]) < 12 and fit["learning_rate"][-1] < fit["learning_rate"][0]  # both acted
+    for workers in (1, 2):
+        out = tmp_path / f"w{workers}"
+        job = dict(
+            JOB,
+            train=dict(
+                JOB["train"],
+                callbacks=[
+                    {"class_name": "EarlyStopping", "config": EARLY},
+                    {"class_name": "ReduceLROnPlateau", "config": PLATEAU},
+                    {"class_name": "CSVLogger", "config": {"filename": "history.csv"}},
+                    {"class_name": "TensorBoard", "config": {"log_dir": "tensorboard"}},
+                    {"class": "tests.callbacks:EpochRecorder", "kwargs": {"path": str(out / "epochs.jsonl")}},
+                    {"class": "tests.callbacks:EveryRankRecorder", "kwargs": {"path": str(out / "every-rank.jsonl")}},
+                ],
+            ),
+        )
+        result = rayparallel.train(job, [f"scaling.num_workers={workers}"], output_dir=out, verbose=False)
+        error = max_relative_error(final_weights(result.final_weights, dense_regressor), oracle.get_weights())
+        print(
+            f"EarlyStopping + ReduceLROnPlateau: {workers} workers vs Keras fit, max relative weight error {error:.2e}"
+        )
+        assert error < 1e-5  # the restored best epoch's weights, as fit restores them
+        assert len(result.history) == len(fit["loss"])  # stopped at the same epoch
+        assert result.stopped == {"epoch": len(fit["loss"]), "reason": "EarlyStopping stopped training"}
+        for key, values in fit.items():
+            assert [epoch[key] for epoch in result.history] == pytest.approx(values, rel=1e-4), key
+        rows = list(csv.DictReader(open(out / "history.csv")))
+        assert [int(r["epoch"]) for r in rows] == list(range(len(fit["loss"])))  # written once, not per worker
+        assert [float(r["learning_rate"]) for r in rows] == pytest.approx(fit["learning_rate"])
+        assert len((out / "epochs.jsonl").read_text().splitlines()) == len(fit["loss"])  # rank 0 only
+        assert len((out / "every-rank.jsonl").read_text().splitlines()) == workers * len(fit["loss"])
+    events = list((out / "tensorboard" / "train").glob("events.out.tfevents.*"))
+    assert len(events) == 1  # 2 workers, one writer
+    for folder, key in (("train", "epoch_loss"), ("validation", "epoch_loss"), ("train", "epoch_learning_rate")):
+        reader = EventAccumulator(str(out / "tensorboard" / folder)).Reload()
+        values = [float(e.tensor_proto.float_val[0]) for e in reader.Tensors(key)]
+        expected = fit["val_loss" if folder == "validation" else key.removeprefix("epoch_")]
+        assert values == pytest.approx(expected, rel=1e-4), (folder, key)
+
+
+def test_scheduler_and_terminate_on_nan_end_the_run_as_finished(ray_address, tmp_path):
+    job = dict(
+        JOB,
+        train=dict(
+            JOB["train"],
+            epochs=6,
+            callbacks=[
+                {"class_name": "LearningRateScheduler", "config": {"schedule": "tests.callbacks:halve_after_two"}},
+            ],
+        ),
+    )
+    result = rayparallel.train(job, ["scaling.num_workers=2"], output_dir=tmp_path / "lr", verbose=False)
+    assert [e["learning_rate"] for e in result.history] == pytest.approx([0.02, 0.02, 0.01, 0.005, 0.0025, 0.00125])
+    assert result.stopped is None
+
+    job = dict(
+        JOB,
+        train=dict(
+            JOB["train"],
+            epochs=6,
+            callbacks=[
+                {"class_name": "LearningRateScheduler", "config": {"schedule": "tests.callbacks:explode_at_three"}},
+                "TerminateOnNaN",
+            ],
+        ),
+    )
+    result = rayparallel.train(job, ["scaling.num_workers=2"], output_dir=tmp_path / "nan", verbose=False)
+    assert len(result.history) == 3 and not math.isfinite(result.history[-1]["loss"])
+    assert result.stopped == {"epoch": 3, "reason": "TerminateOnNaN stopped training"}
+    assert json.loads((tmp_path / "nan" / "run.json").read_text())["status"] == "FINISHED"

@@ -39,8 +39,10 @@ class TrainResult:
 
 
 def describe_stop(stopped: dict) -> str:
-    """>>> describe_stop({"epoch": 2, "reason": "stopped by Ray Tune's asha scheduler"})
-    "after epoch 2: stopped by Ray Tune's asha scheduler"
+    """A run's early end as one phrase.
+
+    >>> describe_stop({"epoch": 2, "reason": "EarlyStopping stopped training"})
+    'after epoch 2: EarlyStopping stopped training'
     """
     return f"after epoch {stopped['epoch']}: {stopped['reason']}"
 

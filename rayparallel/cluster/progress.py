@@ -18,6 +18,22 @@ def describe_resize(resize: dict) -> str:
     )
 
 
+def progress_bar(event: dict, width: int = 20) -> str:
+    """The running epoch as Keras' `Progbar` shows it: steps, bar, ETA, time per step, running loss.
+
+    >>> progress_bar({"step": 5, "steps": 20, "seconds": 2.0, "loss": 0.25})
+    '5/20 ━━━━━─────────────── 6s 400ms/step - loss: 0.2500'
+    """
+    step, steps, seconds = event["step"], event["steps"], event.get("seconds") or 0.0
+    done = width * step // steps
+    bar = "━" * done + "─" * (width - done)
+    per_step = seconds / max(step, 1)
+    return (
+        f"{step}/{steps} {bar} {per_step * (steps - step):.0f}s {per_step * 1000:.0f}ms/step - "
+        f"loss: {event['loss']:.4f}"
+    )
+
+
 class ConsoleProgress:
     def __init__(self, epochs: int, stream: TextIO | None = None):
         self.epochs, self.stream = epochs, stream or sys.stdout
@@ -35,16 +51,13 @@ class ConsoleProgress:
             self._epoch_shown = event["epoch"]
             self._line(f"Epoch {event['epoch']}/{self.epochs}")
         if event["kind"] == "progress":
-            text = (
-                f"{event['step']}/{event['steps']} - loss: {event['loss']:.4g} - {event['samples_per_s']:.0f} samples/s"
-            )
-            if self._live:
-                self.stream.write("\r" + text)
+            if self._live:  # a log file gets the epoch's line only
+                self.stream.write("\r" + progress_bar(event) + "\x1b[K")
                 self.stream.flush()
             return
         logs = event["logs"]
         text = f"{event['seconds']:.1f}s - {format_logs(logs)} - {logs['samples_per_s']:.0f} samples/s"
-        self._line(("\r" if self._live else "") + text)
+        self._line(("\r\x1b[K" if self._live else "") + text)
 
     def _line(self, text: str) -> None:
         self.stream.write(text + "\n")

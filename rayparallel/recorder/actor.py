@@ -106,7 +106,10 @@ class RunRecorder:
         with self._lock:
             self._workers.setdefault(rank, {"rank": rank}).update(info)
 
-    def log_progress(self, epoch: int, step: int, steps: int, loss: float, samples_per_s: float) -> None:
+    def log_progress(
+        self, epoch: int, step: int, steps: int, loss: float, samples_per_s: float, seconds: float = 0.0
+    ) -> None:
+        """Rank 0's view of the running epoch: `seconds` since it began (for the console's ETA)."""
         with self._lock:
             self._events.append(
                 {
@@ -116,6 +119,7 @@ class RunRecorder:
                     "steps": steps,
                     "loss": loss,
                     "samples_per_s": samples_per_s,
+                    "seconds": seconds,
                 }
             )
         if self._tracking and self._spec.mlflow.log_step_loss:

@@ -215,7 +215,7 @@ class WorkerRun:
                 self._check_finite(epoch)
                 if self.rank == 0:
                     self.actor.log_progress.remote(
-                        epoch, step, steps_per_epoch, loss, step * self.global_batch / seconds
+                        epoch, step, steps_per_epoch, loss, step * self.global_batch / seconds, seconds
                     )
                 self.callbacks.on_train_batch_end(step, {"loss": loss})
             if save_every and global_step % save_every == 0:

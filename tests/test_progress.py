@@ -1,0 +1,53 @@
+"""The console: a Keras-style bar on a terminal, plain lines in a log file. Pure logic."""
+
+from __future__ import annotations
+
+import doctest
+import io
+
+import pytest
+
+import rayparallel.cluster.progress
+import rayparallel.result
+import rayparallel.spec.parse
+import rayparallel.sweep.space
+from rayparallel.cluster.progress import ConsoleProgress
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+EVENTS = [
+    {"kind": "progress", "epoch": 1, "step": 10, "steps": 40, "loss": 0.5, "samples_per_s": 800.0, "seconds": 1.0},
+    {"kind": "progress", "epoch": 1, "step": 30, "steps": 40, "loss": 0.25, "samples_per_s": 800.0, "seconds": 3.0},
+    {"kind": "epoch", "epoch": 1, "logs": {"loss": 0.2, "val_loss": 0.3, "samples_per_s": 800.0}, "seconds": 4.0},
+]
+
+
+def test_terminal_shows_the_running_epoch_as_a_progress_bar():
+    stream = Terminal()
+    progress = ConsoleProgress(epochs=2, stream=stream)
+    for event in EVENTS:
+        progress.show(event)
+    text = stream.getvalue()
+    assert text.startswith("Epoch 1/2\n")
+    assert "\r10/40 ━━━━━─────────────── 3s 100ms/step - loss: 0.5000" in text
+    assert "\r30/40 ━━━━━━━━━━━━━━━───── 1s 100ms/step - loss: 0.2500" in text
+    assert text.endswith("4.0s - loss: 0.2 - val_loss: 0.3 - 800 samples/s\n")
+
+
+def test_log_file_gets_plain_lines_only():
+    stream = io.StringIO()
+    progress = ConsoleProgress(epochs=2, stream=stream)
+    for event in EVENTS:
+        progress.show(event)
+    assert stream.getvalue() == "Epoch 1/2\n4.0s - loss: 0.2 - val_loss: 0.3 - 800 samples/s\n"
+
+
+@pytest.mark.parametrize(
+    "module", [rayparallel.cluster.progress, rayparallel.result, rayparallel.spec.parse, rayparallel.sweep.space]
+)
+def test_docstring_examples(module):
+    assert doctest.testmod(module).failed == 0

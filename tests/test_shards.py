@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from rayparallel.worker.shards import Split, batches, epoch_order, worker_rows
+from rayparallel.errors import DataError
+from rayparallel.worker.shards import Split, batches, class_weights, epoch_order, worker_rows
 
 
 def test_streams_each_worker_owns_a_fixed_ordered_slice_of_streams():
@@ -39,9 +41,24 @@ def test_batches_feed_each_worker_its_rows_in_step_order_for_every_input():
     rows = worker_rows(epoch_order(20, epoch=2, layout="shuffle", seed=5), 8, rank=1, num_workers=2)  # 2 steps x 4
     fed = list(batches(split, rows, per_worker=4))
     assert len(fed) == 2
-    for step, (xb, yb) in enumerate(fed):
+    for step, (xb, yb, wb) in enumerate(fed):
         expected = rows[step * 4 : (step + 1) * 4]
         assert (yb == expected).all() and (xb["a"] == expected * 10).all() and (xb["b"] == expected * 100).all()
+        assert (wb == 1.0).all()  # no weights: ones
+    weighted = Split(x=x, y=np.arange(20), w=np.arange(20, dtype="float32") / 2)
+    for _, yb, wb in batches(weighted, rows, per_worker=4):
+        assert (wb == yb / 2).all()  # each row keeps its own weight
+
+
+def test_class_weights_by_label_as_keras_fit_makes_them():
+    weights = {0: 1.0, 2: 5.0}
+    assert class_weights(np.array([0, 1, 2, 2]), weights).tolist() == [1.0, 1.0, 5.0, 5.0]  # missing: 1.0
+    assert class_weights(np.array([[0], [2]]), weights).tolist() == [1.0, 5.0]
+    assert class_weights(np.eye(3)[[2, 0, 1]], weights).tolist() == [5.0, 1.0, 1.0]  # one-hot: argmax
+    with pytest.raises(DataError, match=r"train.class_weight: expected keys among the labels 0..2, received \['3'\]"):
+        class_weights(np.array([0, 1, 2]), {0: 1.0, 3: 2.0})
+    with pytest.raises(DataError, match=r"expected class labels \(n,\) or one-hot targets \(n, classes\), received"):
+        class_weights(np.zeros((4, 5, 1)), weights)
 
 
 def test_uneven_worker_counts_own_fixed_streams_and_cover_each_batch_once():

@@ -25,6 +25,7 @@ _POSITIVE = {
     "train.global_batch_size",
     "train.epochs",
     "train.initial_loss_scale",
+    "train.gradient_accumulation_steps",
     "scaling.elastic_resize_monitor_interval_s",
     "run.collective_timeout_s",
     "run.checkpoints_to_keep",
@@ -182,6 +183,11 @@ def _check_values(spec: JobSpec) -> None:
     for key in _NON_NEGATIVE:
         if flat[key] < 0:
             raise SpecError(f"{key}: expected zero or a positive number, received {flat[key]!r}")
+    if spec.train.gradient_accumulation_steps > 1 and spec.train.loss_scale:
+        raise SpecError(
+            "train.gradient_accumulation_steps: expected 1 with train.dtype_policy mixed_float16 (its loss scaling "
+            f"decides per batch), received {spec.train.gradient_accumulation_steps}"
+        )
     if spec.tune.reduction_factor <= 1:
         raise SpecError(f"tune.reduction_factor: expected a number above 1, received {spec.tune.reduction_factor!r}")
     every = spec.run.resume_every_n_steps

@@ -60,6 +60,8 @@ class TrainSpec:
     metrics: list = field(default_factory=list)
     # Keras callbacks: {class_name: EarlyStopping, config: {...}} or {class: module:Class, kwargs: {...}}
     callbacks: list = field(default_factory=list)
+    class_weight: dict | None = None  # {label: weight}, training only, as in fit(class_weight=...)
+    gradient_accumulation_steps: int = 1  # one update (and one all-reduce) per this many batches
     seed: int = 0
     progress_every_n_steps: int = 0  # 0: about ten progress updates per epoch, at least 2 s apart
     on_nan: Literal["stop", "ignore"] = "stop"  # a non-finite loss stops the run, naming epoch and step

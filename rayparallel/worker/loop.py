@@ -62,12 +62,12 @@ class WorkerRun:
         local = replica.batch_dependent_variables(spec.model, sizes, spec.train.dtype_policy)
         keras.utils.set_random_seed(spec.train.seed)  # after the probe builds: the replica starts as in one process
         self.global_batch, self.per_worker = spec.train.global_batch_size, sizes[self.rank]
-        self.data = shards.load_data(spec.data, self.global_batch)
+        self.data = shards.load_data(spec.data, self.global_batch, spec.train.class_weight)
         self._mark("data_loaded")
         with self.strategy.scope():
             with replica.kept_local(local):
                 self.model = build_model(spec.model, self.per_worker, spec.train.dtype_policy)
-            self.optimizer = replica.make_optimizer(spec.train.optimizer)
+            self.optimizer = replica.make_optimizer(spec.train.optimizer, spec.train.gradient_accumulation_steps)
             self.optimizer.build(self.model.trainable_variables)  # not lazily inside the compiled step
         compress_gradients(self.optimizer, spec.train.gradient_compression)
         clip_after_all_reduce(self.optimizer)  # after: clipping acts on the summed, cast-back gradient
@@ -198,13 +198,13 @@ class WorkerRun:
         order = shards.epoch_order(self.data.train.rows, epoch - 1, spec.data.layout, spec.train.seed)
         rows = shards.worker_rows(order, self.global_batch, self.rank, self.world)
         first = epoch == self.start_epoch + 1
-        for step, (x, y) in enumerate(shards.batches(self.data.train, rows, self.per_worker), start=1):
+        for step, (x, y, w) in enumerate(shards.batches(self.data.train, rows, self.per_worker), start=1):
             if step <= skip:
                 continue
             if first and step == skip + 1:
-                self.steps.train_step.get_concrete_function(x, y)  # trace apart from the run, to time both
+                self.steps.train_step.get_concrete_function(x, y, w)  # trace apart from the run, to time both
                 self._mark("first_step_traced")
-            self.steps.train_step(x, y)
+            self.steps.train_step(x, y, w)
             if first and step == skip + 1:
                 self._mark("first_step_done")
             global_step = (epoch - 1) * steps_per_epoch + step
@@ -280,8 +280,8 @@ class WorkerRun:
         rows = shards.worker_rows(
             shards.epoch_order(val.rows, 0, "streams", 0), self.global_batch, self.rank, self.world
         )
-        for x, y in shards.batches(val, rows, self.per_worker):
-            self.steps.eval_step(x, y)
+        for x, y, w in shards.batches(val, rows, self.per_worker):
+            self.steps.eval_step(x, y, w)
         replica.reset_states(self.stateful)
         return self.figures.collect(shards.steps_per_epoch(val.rows, self.global_batch), prefix="val_")
 

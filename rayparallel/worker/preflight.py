@@ -26,10 +26,10 @@ class Preflight:
 def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
     """Load the data, build the replica at the per-worker batch, resolve optimizer/loss/metrics."""
     import_tensorflow(verbose=native_logs)
-    data = shards.load_data(spec.data, spec.train.global_batch_size)
+    data = shards.load_data(spec.data, spec.train.global_batch_size, spec.train.class_weight)
     replica.batch_dependent_variables(spec.model, spec.possible_batch_sizes, spec.train.dtype_policy)  # uneven splits
     model = build_model(spec.model, spec.per_worker_batch_size, spec.train.dtype_policy)
-    replica.make_optimizer(spec.train.optimizer)
+    replica.make_optimizer(spec.train.optimizer, spec.train.gradient_accumulation_steps)
     replica.per_sample_loss(spec.train.loss)
     replica.check_targets(spec.train.loss, data.train.y, tuple(model.outputs[0].shape))
     metrics = replica.make_metrics(spec.train.metrics, spec.train.loss, data.train.y, tuple(model.outputs[0].shape))

@@ -106,12 +106,17 @@ def reset_states(layers: list[keras.layers.Layer]) -> None:
         layer.reset_state()
 
 
-def make_optimizer(identifier: str | dict) -> keras.optimizers.Optimizer:
+def make_optimizer(identifier: str | dict, accumulation_steps: int = 1) -> keras.optimizers.Optimizer:
+    """The optimizer; with `accumulation_steps` > 1 Keras' own accumulation (set before it is
+    built), which all-reduces once per update: the k batches in between stay on each worker."""
     import keras
 
     identifier = _with_schedule(identifier)
     try:
-        return keras.optimizers.get(identifier)
+        optimizer = keras.optimizers.get(identifier)
+        if accumulation_steps > 1:
+            optimizer.gradient_accumulation_steps = accumulation_steps
+        return optimizer
     except (ValueError, TypeError) as exc:
         raise SpecError(
             f"train.optimizer: expected a Keras optimizer name or {{class_name, config}}, received {identifier!r} ({exc})"

@@ -25,10 +25,12 @@ from ..spec.schema import rank_rows
 
 @dataclass
 class Split:
-    """One split (train or validation): `x` is an array, a tuple or a dict of arrays."""
+    """One split (train or validation): `x` is an array, a tuple or a dict of arrays; `w` one
+    weight per row (the loader's sample weights, or `train.class_weight` by label), if any."""
 
     x: Any
     y: np.ndarray
+    w: np.ndarray | None = None
 
     @property
     def rows(self) -> int:
@@ -42,7 +44,7 @@ class Data:
     baselines: dict
 
 
-def load_data(spec: DataSpec, global_batch_size: int) -> Data:
+def load_data(spec: DataSpec, global_batch_size: int, class_weight: dict | None = None) -> Data:
     """Call the loader and check that its arrays can feed full global batches."""
     loader = resolve(spec.loader, "data.loader")
     kwargs = dict(spec.kwargs)
@@ -55,9 +57,17 @@ def load_data(spec: DataSpec, global_batch_size: int) -> Data:
     if ("x_val" in out) != ("y_val" in out):
         raise DataError("data.loader: expected both x_val and y_val or neither, received only one of them")
     train = _split(out["x_train"], out["y_train"], "train", global_batch_size, spec.check_finite)
+    train.w = _weights(out.get("sample_weight_train"), train, "train")
+    if class_weight is not None:
+        if train.w is not None:  # as Keras' fit refuses both
+            raise DataError(
+                "train.class_weight: expected class weights or the loader's sample_weight_train, not both, received both"
+            )
+        train.w = class_weights(train.y, class_weight)
     val = None
     if out.get("x_val") is not None:
         val = _split(out["x_val"], out["y_val"], "val", global_batch_size, spec.check_finite)
+        val.w = _weights(out.get("sample_weight_val"), val, "val")
     return Data(train=train, val=val, baselines=dict(out.get("baselines") or {}))
 
 
@@ -85,6 +95,39 @@ def _split(x: Any, y: Any, name: str, global_batch_size: int, check_finite: bool
                 label = f"x_{name}{key}" if array is not y else f"y_{name}"
                 raise DataError(f"data.loader: expected finite values in {label}, received NaN/inf at row {bad}")
     return Split(x=x, y=y)
+
+
+def _weights(weights: Any, split: Split, name: str) -> np.ndarray | None:
+    if weights is None:
+        return None
+    array = np.asarray(weights, dtype="float32")
+    if array.shape != (split.rows,):
+        raise DataError(
+            f"data.loader: expected sample_weight_{name} with one weight per row of y_{name}, shape ({split.rows},), "
+            f"received shape {array.shape}"
+        )
+    return array
+
+
+def class_weights(y: np.ndarray, class_weight: dict) -> np.ndarray:
+    """One weight per row from its label, as Keras' `fit(class_weight=...)` makes them
+    (one-hot targets by argmax; labels without a weight get 1.0)."""
+    labels = y
+    if labels.ndim > 2 or (labels.ndim == 2 and labels.shape[1] == 0):
+        raise DataError(
+            f"train.class_weight: expected class labels (n,) or one-hot targets (n, classes), received y_train rows "
+            f"of shape {labels.shape[1:]}"
+        )
+    if labels.ndim == 2:
+        labels = np.argmax(labels, axis=-1) if labels.shape[1] != 1 else labels[:, 0]
+    labels = np.round(labels).astype("int64")
+    classes = y.shape[1] if y.ndim == 2 and y.shape[1] > 1 else int(labels.max()) + 1
+    outside = [k for k in class_weight if not isinstance(k, int) or not 0 <= k < classes]
+    if outside:
+        raise DataError(
+            f"train.class_weight: expected keys among the labels 0..{classes - 1}, received {sorted(map(str, outside))}"
+        )
+    return np.array([class_weight.get(int(label), 1.0) for label in labels], dtype="float32")
 
 
 def _as_arrays(value: Any, label: str) -> Any:
@@ -115,7 +158,7 @@ def take(x: Any, rows: Any) -> Any:
     return x[rows]
 
 
-def batches(split: Split, rows: np.ndarray, per_worker: int) -> Iterator[tuple[Any, np.ndarray]]:
+def batches(split: Split, rows: np.ndarray, per_worker: int) -> Iterator[tuple[Any, np.ndarray, np.ndarray]]:
     """This worker's rows as full per-worker batches, in step order.
 
     One gather per epoch, then contiguous views per step, fed straight to the compiled
@@ -124,9 +167,10 @@ def batches(split: Split, rows: np.ndarray, per_worker: int) -> Iterator[tuple[A
     epochs here (benchmarks/RESULTS.md).
     """
     x, y = take(split.x, rows), split.y[rows]
+    w = split.w[rows] if split.w is not None else np.ones(len(rows), "float32")  # x * 1.0 is exact
     for start in range(0, len(rows) - per_worker + 1, per_worker):
         end = start + per_worker
-        yield take(x, slice(start, end)), y[start:end]
+        yield take(x, slice(start, end)), y[start:end], w[start:end]
 
 
 def steps_per_epoch(rows: int, global_batch_size: int) -> int:

@@ -48,10 +48,10 @@ class Steps:
         scale = 1.0 / global_batch_size
         replicas = strategy.num_replicas_in_sync
 
-        def forward_backward(x, y):
+        def forward_backward(x, y, w):
             with tf.GradientTape() as tape:
                 y_pred = model(x, training=True)
-                loss = tf.reduce_sum(loss_rows(y, y_pred)) * scale
+                loss = tf.reduce_sum(loss_rows(y, y_pred) * w) * scale  # Keras' sum_over_batch_size
                 if model.losses:  # regularizers: each replica adds its 1/N share
                     loss += tf.add_n(model.losses) / replicas
                 scaled = loss * self.loss_scale.value if self.loss_scale is not None else loss
@@ -60,8 +60,8 @@ class Steps:
         if jit_compile:
             forward_backward = tf.function(forward_backward, jit_compile=True)
 
-        def train_replica(x, y):
-            loss, y_pred, grads = forward_backward(x, y)
+        def train_replica(x, y, w):
+            loss, y_pred, grads = forward_backward(x, y, w)
             if self.loss_scale is not None:
                 self.loss_scale.apply(optimizer, grads, model.trainable_variables)
             else:
@@ -71,12 +71,14 @@ class Steps:
             first = tf.logical_and(tf.logical_not(tf.math.is_finite(loss)), tf.equal(self.first_nonfinite, 0))
             self.first_nonfinite.assign(tf.where(first, self.steps_run, self.first_nonfinite))
 
-        def eval_replica(x, y):
+        def eval_replica(x, y, w):
             y_pred = model(x, training=False)
-            self._record(tf.reduce_sum(loss_rows(y, y_pred)) * scale, y, y_pred)
+            self._record(tf.reduce_sum(loss_rows(y, y_pred) * w) * scale, y, y_pred)
 
-        self.train_step = tf.function(lambda x, y: strategy.run(train_replica, args=(x, y)))
-        self.eval_step = tf.function(lambda x, y: strategy.run(eval_replica, args=(x, y)))
+        # `w`: one weight per row (ones without sample or class weights); metrics stay unweighted, as
+        # `compile(metrics=...)` are in Keras
+        self.train_step = tf.function(lambda x, y, w: strategy.run(train_replica, args=(x, y, w)))
+        self.eval_step = tf.function(lambda x, y, w: strategy.run(eval_replica, args=(x, y, w)))
 
     def _record(self, loss: tf.Tensor, y: tf.Tensor, y_pred: tf.Tensor) -> None:
         import tensorflow as tf

@@ -59,11 +59,34 @@ def dense_regressor(batch_size: int, features: int = 4):
     return keras.Model(inputs, keras.layers.Dense(1)(hidden))
 
 
-def linear_rows(rows: int = 96, val_rows: int = 32, features: int = 4):
+def linear_rows(rows: int = 96, val_rows: int = 32, features: int = 4, weighted: bool = False, bad_weights=False):
     rng = np.random.default_rng(2)
     x = rng.normal(size=(rows + val_rows, features)).astype("float32")
     y = (x @ rng.normal(size=(features, 1)) + 0.1 * rng.normal(size=(rows + val_rows, 1))).astype("float32")
-    return {"x_train": x[:rows], "y_train": y[:rows], "x_val": x[rows:], "y_val": y[rows:]}
+    data = {"x_train": x[:rows], "y_train": y[:rows], "x_val": x[rows:], "y_val": y[rows:]}
+    if weighted or bad_weights:
+        weights = rng.uniform(0.2, 3.0, size=rows + val_rows).astype("float32")
+        data.update(sample_weight_train=weights[: rows - bad_weights], sample_weight_val=weights[rows:])
+    return data
+
+
+def two_outputs(batch_size: int, features: int = 4):
+    """A level (regression) and a kind (3 classes) from the same rows: a multi-output model."""
+    import keras
+
+    inputs = keras.Input(batch_shape=(batch_size, features))
+    hidden = keras.layers.Dense(8, activation="tanh")(inputs)
+    level = keras.layers.Dense(1, name="level")(hidden)
+    kind = keras.layers.Dense(3, activation="softmax", name="kind")(hidden)
+    return keras.Model(inputs, [level, kind])
+
+
+def levels_and_kinds(rows: int = 96, val_rows: int = 32, features: int = 4):
+    data = linear_rows(rows, val_rows, features)
+    kinds = np.digitize(np.concatenate([data["y_train"], data["y_val"]])[:, 0], [-0.5, 0.5]).astype("int64")
+    data["y_train"] = {"level": data["y_train"], "kind": kinds[:rows]}
+    data["y_val"] = {"level": data["y_val"], "kind": kinds[rows:]}
+    return data
 
 
 # --- bad inputs -------------------------------------------------------------------------

@@ -16,6 +16,18 @@ LSTM = {
     "train": {"global_batch_size": 4},
     "scaling": {"num_workers": 2},
 }
+REGRESSOR = {
+    "name": "bad",
+    "model": {"builder": "tests.models:dense_regressor"},
+    "data": {"loader": "tests.models:linear_rows", "layout": "streams"},
+    "train": {"global_batch_size": 8},
+}
+TWO_OUTPUTS = {
+    "name": "bad",
+    "model": {"builder": "tests.models:two_outputs"},
+    "data": {"loader": "tests.models:levels_and_kinds", "layout": "streams"},
+    "train": {"global_batch_size": 8, "loss": {"level": "mse", "kind": "sparse_categorical_crossentropy"}},
+}
 CNN = {
     "name": "bad",
     "model": {"builder": "tests.models:small_cnn"},
@@ -65,6 +77,48 @@ CNN = {
         (CNN, ["train.optimizer=adamm"], "train.optimizer: expected a Keras optimizer name"),
         (CNN, ["train.loss=msee"], "train.loss: expected a Keras loss name"),
         (CNN, ["train.metrics=[acuracy]"], "train.metrics: expected Keras metric names"),
+        (
+            TWO_OUTPUTS,
+            ["train.loss={level: mse, kinds: mse}"],
+            "train.loss: expected keys among the model's outputs ['level', 'kind'], received ['kinds']",
+        ),
+        (
+            TWO_OUTPUTS,
+            ["train.metrics={levl: [mae]}"],
+            "train.metrics: expected keys among the model's outputs ['level', 'kind'], received ['levl']",
+        ),
+        (
+            TWO_OUTPUTS,
+            ["train.class_weight={0: 2.0}"],
+            "train.class_weight: expected a model with one output (one y_train array), received several",
+        ),
+        (
+            TWO_OUTPUTS,
+            ["train.loss_weights=[1.0]"],
+            "train.loss_weights: expected one weight per output ['level', 'kind'], received 1 ([1.0])",
+        ),
+        (
+            REGRESSOR,
+            ["data.loader=tests.models:levels_and_kinds"],
+            "data.loader: expected y_train keyed by the model's outputs ['dense",
+        ),
+        (REGRESSOR, ["train.gradient_accumulation_steps=0"], "train.gradient_accumulation_steps: expected a positive"),
+        (
+            REGRESSOR,
+            ["data.kwargs.bad_weights=1"],
+            "data.loader: expected sample_weight_train with one weight per row of y_train, shape (96,), received "
+            "shape (95,)",
+        ),
+        (
+            REGRESSOR,
+            ["data.kwargs.weighted=true", "train.class_weight={0: 2.0}"],
+            "train.class_weight: expected class weights or the loader's sample_weight_train, not both",
+        ),
+        (
+            CNN,
+            ["train.class_weight={0: 1.0, 7: 2.0}"],
+            "train.class_weight: expected keys among the labels 0..2, received ['7']",
+        ),
         (
             CNN,
             ["model.builder=tests.models:sequential_without_input"],

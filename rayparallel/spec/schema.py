@@ -56,8 +56,9 @@ class TrainSpec:
     global_batch_size: int
     epochs: int = 1
     optimizer: Identifier = "adam"
-    loss: Identifier = "mean_squared_error"
-    metrics: list = field(default_factory=list)
+    loss: Identifier = "mean_squared_error"  # or {output name: loss} for several outputs, as in compile
+    loss_weights: dict | list | None = None  # several outputs: their weights in the total loss
+    metrics: list | dict = field(default_factory=list)  # or {output name: [metrics]}
     # Keras callbacks: {class_name: EarlyStopping, config: {...}} or {class: module:Class, kwargs: {...}}
     callbacks: list = field(default_factory=list)
     class_weight: dict | None = None  # {label: weight}, training only, as in fit(class_weight=...)

@@ -24,7 +24,7 @@ from ..model import build_model
 from ..spec import JobSpec
 from ..spec.references import add_search_path
 from ..spec.schema import rank_rows
-from . import replica, resume, shards
+from . import outputs, replica, resume, shards
 from .cadence import ProgressCadence
 from .callbacks import Callbacks, make_callbacks
 from .step import EpochFigures, Steps
@@ -72,15 +72,16 @@ class WorkerRun:
         compress_gradients(self.optimizer, spec.train.gradient_compression)
         clip_after_all_reduce(self.optimizer)  # after: clipping acts on the summed, cast-back gradient
         self._mark("replica_built")
-        metrics = replica.make_metrics(
-            spec.train.metrics, spec.train.loss, self.data.train.y, tuple(self.model.outputs[0].shape)
-        )
+        names = outputs.output_names(self.model)
+        self.data.train.y = outputs.targets_by_output(self.data.train.y, names, "train")
+        if self.data.val is not None:
+            self.data.val.y = outputs.targets_by_output(self.data.val.y, names, "val")
+        heads = outputs.make_heads(spec.train, self.model, self.data.train.y)
         self.steps = Steps(
             self.strategy,
             self.model,
             self.optimizer,
-            replica.per_sample_loss(spec.train.loss),
-            metrics,
+            heads,
             self.global_batch,
             replica.use_jit(spec.train.jit_compile, self.model),
             spec.train.loss_scale,

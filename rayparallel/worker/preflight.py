@@ -13,7 +13,7 @@ from ..checkpoint.policy import check_against_metrics
 from ..model import build_model
 from ..quiet import import_tensorflow
 from ..spec import JobSpec
-from . import replica, shards
+from . import outputs, replica, shards
 from .callbacks import callback_classes
 
 
@@ -30,10 +30,11 @@ def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
     replica.batch_dependent_variables(spec.model, spec.possible_batch_sizes, spec.train.dtype_policy)  # uneven splits
     model = build_model(spec.model, spec.per_worker_batch_size, spec.train.dtype_policy)
     replica.make_optimizer(spec.train.optimizer, spec.train.gradient_accumulation_steps)
-    replica.per_sample_loss(spec.train.loss)
-    replica.check_targets(spec.train.loss, data.train.y, tuple(model.outputs[0].shape))
-    metrics = replica.make_metrics(spec.train.metrics, spec.train.loss, data.train.y, tuple(model.outputs[0].shape))
-    train_keys = ["loss"] + [m.name for m in metrics]
+    names = outputs.output_names(model)
+    y_train = outputs.targets_by_output(data.train.y, names, "train")
+    if data.val is not None:
+        outputs.targets_by_output(data.val.y, names, "val")
+    train_keys = outputs.epoch_keys(outputs.make_heads(spec.train, model, y_train))
     scale = ["loss_scale"] if spec.train.loss_scale else []
     keys = train_keys + ["samples_per_s"] + scale + ([f"val_{k}" for k in train_keys] if data.val is not None else [])
     callback_classes(spec.train.callbacks)

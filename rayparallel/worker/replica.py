@@ -172,7 +172,7 @@ def per_sample_loss(identifier: str | dict) -> Callable:
 _ACCURACY = ("accuracy", "acc")
 
 
-def check_targets(loss: str | dict, y: np.ndarray, output_shape: tuple) -> None:
+def check_targets(loss: str | dict, y: np.ndarray, output_shape: tuple, output: str = "") -> None:
     """Targets must have the model output's shape for the loss: Keras would broadcast a (b, 5)
     target against a (b, 1) output and train on something else without a word."""
     name = loss if isinstance(loss, str) else loss.get("class_name", "") if isinstance(loss, dict) else ""
@@ -187,9 +187,10 @@ def check_targets(loss: str | dict, y: np.ndarray, output_shape: tuple) -> None:
         fits = target == out or target + (1,) == out
         wanted = str(out)
     if not fits:
+        which = f"[{output!r}]" if output else ""
         raise DataError(
-            f"data.loader: expected y_train rows of shape {wanted} to match the model's output {out} for the loss "
-            f"{name!r}, received rows of shape {target}"
+            f"data.loader: expected y_train{which} rows of shape {wanted} to match the model's output {out} for the "
+            f"loss {name!r}, received rows of shape {target}"
         )
 
 

@@ -29,12 +29,12 @@ class Split:
     weight per row (the loader's sample weights, or `train.class_weight` by label), if any."""
 
     x: Any
-    y: np.ndarray
+    y: Any  # an array, or one per output (a dict by output name, a tuple in output order)
     w: np.ndarray | None = None
 
     @property
     def rows(self) -> int:
-        return len(self.y)
+        return len(_leaves(self.y)[0][1])
 
 
 @dataclass
@@ -59,6 +59,10 @@ def load_data(spec: DataSpec, global_batch_size: int, class_weight: dict | None 
     train = _split(out["x_train"], out["y_train"], "train", global_batch_size, spec.check_finite)
     train.w = _weights(out.get("sample_weight_train"), train, "train")
     if class_weight is not None:
+        if not isinstance(train.y, np.ndarray):  # as Keras' fit refuses it
+            raise DataError(
+                "train.class_weight: expected a model with one output (one y_train array), received several"
+            )
         if train.w is not None:  # as Keras' fit refuses both
             raise DataError(
                 "train.class_weight: expected class weights or the loader's sample_weight_train, not both, received both"
@@ -74,25 +78,22 @@ def load_data(spec: DataSpec, global_batch_size: int, class_weight: dict | None 
 def _split(x: Any, y: Any, name: str, global_batch_size: int, check_finite: bool) -> Split:
     x = _as_arrays(x, f"x_{name}")
     y = _as_arrays(y, f"y_{name}")
-    if not isinstance(y, np.ndarray):
-        raise DataError(
-            f"data.loader: expected y_{name} to be one array (single-output models), received {type(y).__name__}"
-        )
     lengths = {f"x_{name}{key}": len(a) for key, a in _leaves(x)}
-    lengths[f"y_{name}"] = len(y)
+    lengths.update({f"y_{name}{key}": len(a) for key, a in _leaves(y)})
     if len(set(lengths.values())) > 1:
         shown = ", ".join(f"{k}={v}" for k, v in lengths.items())
         raise DataError(f"data.loader: expected x_{name} and y_{name} with the same number of rows, received {shown}")
-    if len(y) < global_batch_size:
+    rows = len(_leaves(y)[0][1])
+    if rows < global_batch_size:
         raise DataError(
             f"data.loader: expected at least one global batch ({global_batch_size} rows) in {name}, "
-            f"received {len(y)} rows"
+            f"received {rows} rows"
         )
     if check_finite:
-        for key, array in _leaves(x) + [("", y)]:
+        labelled = [(f"x_{name}{key}", a) for key, a in _leaves(x)] + [(f"y_{name}{key}", a) for key, a in _leaves(y)]
+        for label, array in labelled:
             if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
                 bad = int(np.argwhere(~np.isfinite(array))[0][0])
-                label = f"x_{name}{key}" if array is not y else f"y_{name}"
                 raise DataError(f"data.loader: expected finite values in {label}, received NaN/inf at row {bad}")
     return Split(x=x, y=y)
 
@@ -166,11 +167,11 @@ def batches(split: Split, rows: np.ndarray, per_worker: int) -> Iterator[tuple[A
     wait for a time slice and stall the step, which halved 2-worker throughput in some
     epochs here (benchmarks/RESULTS.md).
     """
-    x, y = take(split.x, rows), split.y[rows]
+    x, y = take(split.x, rows), take(split.y, rows)
     w = split.w[rows] if split.w is not None else np.ones(len(rows), "float32")  # x * 1.0 is exact
     for start in range(0, len(rows) - per_worker + 1, per_worker):
         end = start + per_worker
-        yield take(x, slice(start, end)), y[start:end], w[start:end]
+        yield take(x, slice(start, end)), take(y, slice(start, end)), w[start:end]
 
 
 def steps_per_epoch(rows: int, global_batch_size: int) -> int:

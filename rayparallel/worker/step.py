@@ -12,8 +12,7 @@ for `mixed_float16`, decided on global figures so every worker skips the same st
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +21,8 @@ from .sync import Reducer
 if TYPE_CHECKING:
     import keras
     import tensorflow as tf
+
+    from .outputs import Head
 
 
 class Steps:
@@ -32,67 +33,90 @@ class Steps:
         strategy: tf.distribute.Strategy,
         model: keras.Model,
         optimizer: keras.optimizers.Optimizer,
-        loss_rows: Callable,
-        metrics: list,
+        heads: list[Head],
         global_batch_size: int,
         jit_compile: bool = False,
         initial_loss_scale: float | None = None,
     ):
         import tensorflow as tf
 
-        self.model, self.metrics = model, metrics
+        self.model, self.heads = model, heads
+        self.metrics = [metric for head in heads for _, metric in head.metrics]
         self.loss_total = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        # several outputs: each one's own (unweighted) loss, for the `<output>_loss` figures
+        self.output_totals = (
+            [tf.Variable(0.0, dtype=tf.float64, trainable=False) for _ in heads] if len(heads) > 1 else []
+        )
         self.steps_run = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.first_nonfinite = tf.Variable(0, dtype=tf.int64, trainable=False)  # 1-based step, 0: none
         self.loss_scale = LossScale(initial_loss_scale) if initial_loss_scale is not None else None
         scale = 1.0 / global_batch_size
         replicas = strategy.num_replicas_in_sync
 
+        def head_losses(y, y_pred, w):
+            """Each output's loss, Keras' sum_over_batch_size (of the global batch), and their weighted sum."""
+            ys, preds = _listed(y, len(heads)), _listed(y_pred, len(heads))
+            each = [tf.reduce_sum(h.loss(y_k, p_k) * w) * scale for h, y_k, p_k in zip(heads, ys, preds, strict=True)]
+            return tf.add_n([h.weight * loss for h, loss in zip(heads, each, strict=True)]), each
+
         def forward_backward(x, y, w):
             with tf.GradientTape() as tape:
                 y_pred = model(x, training=True)
-                loss = tf.reduce_sum(loss_rows(y, y_pred) * w) * scale  # Keras' sum_over_batch_size
+                loss, each = head_losses(y, y_pred, w)
                 if model.losses:  # regularizers: each replica adds its 1/N share
                     loss += tf.add_n(model.losses) / replicas
                 scaled = loss * self.loss_scale.value if self.loss_scale is not None else loss
-            return loss, y_pred, tape.gradient(scaled, model.trainable_variables)
+            return loss, each, y_pred, tape.gradient(scaled, model.trainable_variables)
 
         if jit_compile:
             forward_backward = tf.function(forward_backward, jit_compile=True)
 
         def train_replica(x, y, w):
-            loss, y_pred, grads = forward_backward(x, y, w)
+            loss, each, y_pred, grads = forward_backward(x, y, w)
             if self.loss_scale is not None:
                 self.loss_scale.apply(optimizer, grads, model.trainable_variables)
             else:
                 optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-            self._record(loss, y, y_pred)
+            self._record(loss, each, y, y_pred)
             self.steps_run.assign_add(1)
             first = tf.logical_and(tf.logical_not(tf.math.is_finite(loss)), tf.equal(self.first_nonfinite, 0))
             self.first_nonfinite.assign(tf.where(first, self.steps_run, self.first_nonfinite))
 
         def eval_replica(x, y, w):
             y_pred = model(x, training=False)
-            self._record(tf.reduce_sum(loss_rows(y, y_pred) * w) * scale, y, y_pred)
+            self._record(*head_losses(y, y_pred, w), y, y_pred)
 
         # `w`: one weight per row (ones without sample or class weights); metrics stay unweighted, as
         # `compile(metrics=...)` are in Keras
         self.train_step = tf.function(lambda x, y, w: strategy.run(train_replica, args=(x, y, w)))
         self.eval_step = tf.function(lambda x, y, w: strategy.run(eval_replica, args=(x, y, w)))
 
-    def _record(self, loss: tf.Tensor, y: tf.Tensor, y_pred: tf.Tensor) -> None:
+    def _record(self, loss: tf.Tensor, each: list, y: Any, y_pred: Any) -> None:
         import tensorflow as tf
 
         self.loss_total.assign_add(tf.cast(loss, tf.float64))
-        for metric in self.metrics:
-            metric.update_state(y, y_pred)
+        for total, value in zip(self.output_totals, each, strict=False):
+            total.assign_add(tf.cast(value, tf.float64))
+        ys, preds = _listed(y, len(self.heads)), _listed(y_pred, len(self.heads))
+        for head, y_k, p_k in zip(self.heads, ys, preds, strict=True):
+            for _, metric in head.metrics:
+                metric.update_state(y_k, p_k)
 
     def reset(self) -> None:
         self.loss_total.assign(0.0)
+        for total in self.output_totals:
+            total.assign(0.0)
         self.steps_run.assign(0)
         self.first_nonfinite.assign(0)
         for metric in self.metrics:
             metric.reset_state()
+
+
+def _listed(values: Any, count: int) -> list:
+    """Targets or predictions in output order: a model with one output gives one tensor."""
+    if count == 1:
+        return [values[0] if isinstance(values, (list, tuple)) else values]
+    return list(values.values()) if isinstance(values, dict) else list(values)
 
 
 class LossScale:
@@ -162,13 +186,18 @@ class EpochFigures:
 
     def collect(self, steps_done: int, prefix: str = "") -> dict[str, float]:
         """Mean loss per step and every metric, over the whole global batch of every step."""
-        variables = [v for m in self._steps.metrics for v in m.variables]
-        total, summed = self._reduce([v.numpy() for v in variables])
-        for variable, value in zip(variables, summed, strict=True):
+        steps = self._steps
+        variables = [v for m in steps.metrics for v in m.variables]
+        outputs = [t.numpy() for t in steps.output_totals]
+        total, summed = self._reduce([v.numpy() for v in variables] + outputs)
+        for variable, value in zip(variables, summed, strict=False):
             variable.assign(np.asarray(value).astype(variable.dtype))
         figures = {prefix + "loss": total / max(steps_done, 1)}
-        for metric in self._steps.metrics:
-            figures[prefix + metric.name] = float(np.asarray(metric.result()))
+        for head, value in zip(steps.heads, summed[len(variables) :], strict=False):
+            figures[f"{prefix}{head.name}_loss"] = float(value) / max(steps_done, 1)
+        for head in steps.heads:
+            for name, metric in head.metrics:
+                figures[prefix + name] = float(np.asarray(metric.result()))
         return figures
 
     def _reduce(self, arrays: list, seconds: float = 0.0) -> tuple[float, list]:

@@ -1,0 +1,132 @@
+"""rayparallel on 1 and 2 workers against the oracle, plain Keras `fit` in this process, for
+what Keras users pass to `compile` and `fit`: schedules, clipping, accumulation, weights."""
+
+from __future__ import annotations
+
+import pytest
+
+import rayparallel
+
+from .helpers import final_weights, max_relative_error
+
+pytestmark = pytest.mark.slow
+
+SCHEDULE = {"initial_learning_rate": 0.0, "decay_steps": 30, "warmup_target": 0.05, "warmup_steps": 6}
+
+
+def job(name: str, builder: str, loader: str, loader_kwargs: dict, **train) -> dict:
+    return {
+        "name": name,
+        "model": {"builder": f"tests.models:{builder}"},
+        "data": {"loader": f"tests.models:{loader}", "kwargs": loader_kwargs, "layout": "streams"},  # fit's order
+        "train": {"global_batch_size": 8, "epochs": 3, "seed": 4, **train},
+        "mlflow": {"enabled": False},
+    }
+
+
+def keras_fit(builder, data: dict, compile_args: dict, epochs: int = 3, **fit_args):
+    import keras
+
+    keras.utils.set_random_seed(4)
+    model = builder(batch_size=8)
+    model.compile(**compile_args)
+    validation = (data["x_val"], data["y_val"]) + ((data["sample_weight_val"],) if "sample_weight_val" in data else ())
+    history = model.fit(
+        data["x_train"],
+        data["y_train"],
+        batch_size=8,
+        epochs=epochs,
+        shuffle=False,
+        validation_data=validation,
+        verbose=0,
+        **fit_args,
+    ).history
+    return model, history
+
+
+def assert_same_as_fit(spec: dict, builder, model, history: dict, tmp_path, label: str) -> None:
+    for workers in (1, 2):
+        out = tmp_path / f"{spec['name']}-{workers}"
+        result = rayparallel.train(spec, [f"scaling.num_workers={workers}"], output_dir=out, verbose=False)
+        error = max_relative_error(final_weights(result.final_weights, builder), model.get_weights())
+        print(f"{label}: {workers} workers vs Keras fit, max relative weight error {error:.2e}")
+        assert error < 1e-5
+        assert len(result.history) == len(history["loss"]) and set(history) <= set(result.history[0])
+        for key, values in history.items():
+            assert [epoch[key] for epoch in result.history] == pytest.approx(values, rel=1e-4), key
+
+
+def test_schedule_global_clipnorm_accumulation_and_sample_weights(ray_address, tmp_path):
+    """Keras clips before its all-reduce (each worker's share); rayparallel clips the summed
+    gradient, as one device does. Accumulation updates every 2 batches, weights scale each row."""
+    import keras
+
+    from tests.models import dense_regressor, linear_rows
+
+    optimizer = {"class_name": "CosineDecay", "config": SCHEDULE}
+    spec = job(
+        "fit-clip",
+        "dense_regressor",
+        "linear_rows",
+        {"weighted": True},
+        optimizer={"class_name": "Adam", "config": {"learning_rate": optimizer, "global_clipnorm": 0.1}},
+        metrics=["mae"],
+        gradient_accumulation_steps=2,
+    )
+    schedule = keras.optimizers.schedules.CosineDecay(**SCHEDULE)
+    adam = keras.optimizers.Adam(learning_rate=schedule, global_clipnorm=0.1, gradient_accumulation_steps=2)
+    data = linear_rows(weighted=True)
+    model, history = keras_fit(
+        dense_regressor,
+        data,
+        dict(optimizer=adam, loss="mean_squared_error", metrics=["mae"]),
+        sample_weight=data["sample_weight_train"],
+    )
+    assert_same_as_fit(spec, dense_regressor, model, history, tmp_path, "schedule + clip + accumulation + weights")
+
+
+def test_class_weights(ray_address, tmp_path):
+    import keras
+
+    from tests.models import blobs, small_cnn
+
+    weights = {0: 1.0, 1: 4.0, 2: 0.5}
+    spec = job(
+        "fit-class-weight",
+        "small_cnn",
+        "blobs",
+        {},
+        optimizer={"class_name": "Adam", "config": {"learning_rate": 0.01}},
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+        class_weight=weights,
+    )
+    compile_args = dict(
+        optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy", metrics=["accuracy"]
+    )
+    model, history = keras_fit(small_cnn, blobs(), compile_args, class_weight=weights)
+    assert_same_as_fit(spec, small_cnn, model, history, tmp_path, "class weights")
+
+
+def test_two_outputs_with_losses_weights_and_metrics_per_output(ray_address, tmp_path):
+    import keras
+
+    from tests.models import levels_and_kinds, two_outputs
+
+    losses = {"level": "mean_squared_error", "kind": "sparse_categorical_crossentropy"}
+    loss_weights = {"level": 1.0, "kind": 0.5}
+    metrics = {"level": ["mae"], "kind": ["accuracy"]}
+    spec = job(
+        "fit-two-outputs",
+        "two_outputs",
+        "levels_and_kinds",
+        {},
+        optimizer={"class_name": "Adam", "config": {"learning_rate": 0.02}},
+        loss=losses,
+        loss_weights=loss_weights,
+        metrics=metrics,
+    )
+    compile_args = dict(optimizer=keras.optimizers.Adam(0.02), loss=losses, loss_weights=loss_weights, metrics=metrics)
+    model, history = keras_fit(two_outputs, levels_and_kinds(), compile_args)
+    assert {"loss", "level_loss", "kind_loss", "level_mae", "kind_accuracy", "val_kind_loss"} <= set(history)
+    assert_same_as_fit(spec, two_outputs, model, history, tmp_path, "two outputs")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 
-def stateful_lstm(batch_size: int, units: int = 6):
+def stateful_lstm(batch_size: int, units: int = 6, window: int = 5):
     import keras
 
-    inputs = keras.Input(batch_shape=(batch_size, 5, 2))
+    inputs = keras.Input(batch_shape=(batch_size, window, 2))
     hidden = keras.layers.LSTM(units, stateful=True, return_sequences=True)(inputs)
     return keras.Model(inputs, keras.layers.Dense(1)(hidden))
 

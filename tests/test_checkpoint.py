@@ -77,6 +77,24 @@ def test_export_at_batch_1_streams_like_the_training_replica(trained, tmp_path):
     same = rayparallel.load_model(trained.checkpoint_dir, batch_size=1)
     assert all(np.array_equal(a, b) for a, b in zip(same.get_weights(), streaming.get_weights(), strict=True))
 
+    # served one step at a time: rebuilt with window=1, the state carries the sequence across calls
+    one_step = tmp_path / "one-step.keras"
+    run = cli(
+        "export", trained.checkpoint_dir, "--batch-size", "1", "--set", "model.kwargs.window=1", "--out", str(one_step)
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert f"exported {trained.checkpoint_dir}/{best} (the best by val_loss) at batch size 1 with {{'window': 1}}" in (
+        run.stdout
+    )
+    stepping = rayparallel.load_model(trained.checkpoint_dir, batch_size=1, window=1)
+    assert tuple(stepping.inputs[0].shape) == (1, 1, 2)
+    steps = np.stack(
+        [np.concatenate([stepping.predict_on_batch(x[t, 1:2, k : k + 1])[0] for k in range(5)]) for t in range(len(x))]
+    )
+    error = float(np.max(np.abs(steps - stream_out)))
+    print(f"export: window=1 steps vs the window-5 stream, max abs error {error:.2e}")
+    assert error < 1e-5
+
 
 @pytest.mark.slow
 def test_export_errors_are_one_line(trained, tmp_path):
@@ -100,6 +118,14 @@ def test_export_errors_are_one_line(trained, tmp_path):
     (corrupt / "w.weights.h5").write_bytes(open(trained.final_weights, "rb").read())
     with pytest.raises(RayParallelError, match="expected weights matching the model of tests.models:stateful_lstm"):
         rayparallel.load_model(corrupt / "w.weights.h5", unlisted=True)
+    with pytest.raises(
+        RayParallelError,
+        match=r"model.kwargs: expected arguments that keep the trained weights' shapes, received "
+        r"\{'units': 9\}: layer 'lstm",
+    ):
+        rayparallel.load_model(trained.checkpoint_dir, units=9)
+    run = cli("export", trained.checkpoint_dir, "--set", "train.epochs=1", "--out", str(tmp_path / "m.keras"))
+    assert run.returncode == 2 and "--set: expected model.kwargs.KEY=VALUE (a builder argument)" in run.stderr
     run = cli("export", str(tmp_path / "missing"), "--out", str(tmp_path / "m.keras"))
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "not found" in run.stderr
 

@@ -105,6 +105,12 @@ CNN = {
         (REGRESSOR, ["train.gradient_accumulation_steps=0"], "train.gradient_accumulation_steps: expected a positive"),
         (
             REGRESSOR,
+            ["train.gradient_accumulation_steps=5"],
+            "train.gradient_accumulation_steps: expected a divisor of the 12 steps per epoch, so every epoch ends on "
+            "an update, received 5",
+        ),
+        (
+            REGRESSOR,
             ["data.kwargs.bad_weights=1"],
             "data.loader: expected sample_weight_train with one weight per row of y_train, shape (96,), received "
             "shape (95,)",

@@ -13,6 +13,7 @@ cadence), as Keras calls them every `steps_per_execution` batches.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,8 @@ def callback_classes(identifiers: list) -> list[tuple[type, dict]]:
             if not (isinstance(cls, type) and issubclass(cls, keras.callbacks.Callback)):
                 known = ", ".join(CHANGES_TRAINING + tuple(RELATIVE_PATHS))
                 raise SpecError(f"{key}.class_name: expected a keras.callbacks class ({known}, ...), received {name!r}")
+            if name == "TensorBoard" and importlib.util.find_spec("tensorboard") is None:
+                raise SpecError(f"{key}: expected the tensorboard package for TensorBoard, received none installed")
             if name in FUNCTIONS and isinstance(kwargs.get(FUNCTIONS[name]), str):
                 kwargs[FUNCTIONS[name]] = resolve(kwargs[FUNCTIONS[name]], f"{key}.config.{FUNCTIONS[name]}")
         elif isinstance(entry, dict) and set(entry) <= {"class", "kwargs"} and "class" in entry:

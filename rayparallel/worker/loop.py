@@ -67,8 +67,9 @@ class WorkerRun:
         with self.strategy.scope():
             with replica.kept_local(local):
                 self.model = build_model(spec.model, self.per_worker, spec.train.dtype_policy)
-            self.optimizer = replica.make_optimizer(spec.train.optimizer, spec.train.gradient_accumulation_steps)
+            self.optimizer = replica.make_optimizer(spec.train.optimizer)
             self.optimizer.build(self.model.trainable_variables)  # not lazily inside the compiled step
+        replica.accumulate_schedule(self.optimizer, spec.train.gradient_accumulation_steps)
         compress_gradients(self.optimizer, spec.train.gradient_compression)
         clip_after_all_reduce(self.optimizer)  # after: clipping acts on the summed, cast-back gradient
         self._mark("replica_built")
@@ -85,6 +86,7 @@ class WorkerRun:
             self.global_batch,
             replica.use_jit(spec.train.jit_compile, self.model),
             spec.train.loss_scale,
+            spec.train.gradient_accumulation_steps,
         )
         self.reducer = reducer = Reducer(self.strategy)
         self.figures = EpochFigures(self.steps, reducer, self.rank, self.world)
@@ -202,13 +204,14 @@ class WorkerRun:
         for step, (x, y, w) in enumerate(shards.batches(self.data.train, rows, self.per_worker), start=1):
             if step <= skip:
                 continue
+            global_step = (epoch - 1) * steps_per_epoch + step
+            train_step = self.steps.step(global_step)
             if first and step == skip + 1:
-                self.steps.train_step.get_concrete_function(x, y, w)  # trace apart from the run, to time both
+                train_step.get_concrete_function(x, y, w)  # trace apart from the run, to time both
                 self._mark("first_step_traced")
-            self.steps.train_step(x, y, w)
+            train_step(x, y, w)
             if first and step == skip + 1:
                 self._mark("first_step_done")
-            global_step = (epoch - 1) * steps_per_epoch + step
             if self.cadence.due(step):
                 seconds = time.perf_counter() - started
                 loss = self.figures.running_loss(step, seconds)  # a collective: every rank calls it

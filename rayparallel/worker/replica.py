@@ -106,21 +106,36 @@ def reset_states(layers: list[keras.layers.Layer]) -> None:
         layer.reset_state()
 
 
-def make_optimizer(identifier: str | dict, accumulation_steps: int = 1) -> keras.optimizers.Optimizer:
-    """The optimizer; with `accumulation_steps` > 1 Keras' own accumulation (set before it is
-    built), which all-reduces once per update: the k batches in between stay on each worker."""
+def make_optimizer(identifier: str | dict) -> keras.optimizers.Optimizer:
     import keras
 
     identifier = _with_schedule(identifier)
     try:
-        optimizer = keras.optimizers.get(identifier)
-        if accumulation_steps > 1:
-            optimizer.gradient_accumulation_steps = accumulation_steps
-        return optimizer
+        return keras.optimizers.get(identifier)
     except (ValueError, TypeError) as exc:
         raise SpecError(
             f"train.optimizer: expected a Keras optimizer name or {{class_name, config}}, received {identifier!r} ({exc})"
         ) from None
+
+
+def accumulate_schedule(optimizer: keras.optimizers.Optimizer, steps: int) -> None:
+    """With gradient accumulation, Keras' optimizer counts Adam's steps per update but feeds its
+    learning-rate schedule the count of batches; ours counts updates, so the schedule is asked
+    for the batch count of each update (update u is batch u*k + k-1), as Keras asks it."""
+    import keras
+
+    schedule = optimizer._learning_rate
+    if steps <= 1 or not isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+        return
+
+    class PerBatch(keras.optimizers.schedules.LearningRateSchedule):
+        def __call__(self, update):
+            return schedule(update * steps + steps - 1)
+
+        def get_config(self):
+            return {"schedule": keras.optimizers.schedules.serialize(schedule), "steps": steps}
+
+    optimizer._learning_rate = PerBatch()
 
 
 def _with_schedule(identifier: str | dict) -> str | dict:

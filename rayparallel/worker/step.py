@@ -37,6 +37,7 @@ class Steps:
         global_batch_size: int,
         jit_compile: bool = False,
         initial_loss_scale: float | None = None,
+        accumulation_steps: int = 1,
     ):
         import tensorflow as tf
 
@@ -71,16 +72,33 @@ class Steps:
         if jit_compile:
             forward_backward = tf.function(forward_backward, jit_compile=True)
 
+        # gradient accumulation: k-1 steps add their gradients here (no collective), the k-th applies
+        # the mean of all k, as Keras' optimizer with gradient_accumulation_steps=k does in one process
+        self.accumulated = (
+            [tf.Variable(tf.zeros_like(v), trainable=False) for v in model.trainable_variables]
+            if accumulation_steps > 1
+            else []
+        )
+
+        def accumulate_replica(x, y, w):
+            loss, each, y_pred, grads = forward_backward(x, y, w)
+            for total, grad in zip(self.accumulated, grads, strict=True):
+                total.assign_add(grad)
+            self._after_step(loss, each, y, y_pred)
+
         def train_replica(x, y, w):
             loss, each, y_pred, grads = forward_backward(x, y, w)
+            if self.accumulated:
+                grads = [
+                    (total + grad) / accumulation_steps for total, grad in zip(self.accumulated, grads, strict=True)
+                ]
+                for total in self.accumulated:
+                    total.assign(tf.zeros_like(total))
             if self.loss_scale is not None:
                 self.loss_scale.apply(optimizer, grads, model.trainable_variables)
             else:
                 optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-            self._record(loss, each, y, y_pred)
-            self.steps_run.assign_add(1)
-            first = tf.logical_and(tf.logical_not(tf.math.is_finite(loss)), tf.equal(self.first_nonfinite, 0))
-            self.first_nonfinite.assign(tf.where(first, self.steps_run, self.first_nonfinite))
+            self._after_step(loss, each, y, y_pred)
 
         def eval_replica(x, y, w):
             y_pred = model(x, training=False)
@@ -89,7 +107,21 @@ class Steps:
         # `w`: one weight per row (ones without sample or class weights); metrics stay unweighted, as
         # `compile(metrics=...)` are in Keras
         self.train_step = tf.function(lambda x, y, w: strategy.run(train_replica, args=(x, y, w)))
+        self.accumulate_step = tf.function(lambda x, y, w: strategy.run(accumulate_replica, args=(x, y, w)))
+        self.accumulation_steps = accumulation_steps
         self.eval_step = tf.function(lambda x, y, w: strategy.run(eval_replica, args=(x, y, w)))
+
+    def step(self, global_step: int) -> Any:
+        """The compiled step for this global step (1-based): an update, or an accumulation."""
+        return self.train_step if global_step % self.accumulation_steps == 0 else self.accumulate_step
+
+    def _after_step(self, loss: tf.Tensor, each: list, y: Any, y_pred: Any) -> None:
+        import tensorflow as tf
+
+        self._record(loss, each, y, y_pred)
+        self.steps_run.assign_add(1)
+        first = tf.logical_and(tf.logical_not(tf.math.is_finite(loss)), tf.equal(self.first_nonfinite, 0))
+        self.first_nonfinite.assign(tf.where(first, self.steps_run, self.first_nonfinite))
 
     def _record(self, loss: tf.Tensor, each: list, y: Any, y_pred: Any) -> None:
         import tensorflow as tf

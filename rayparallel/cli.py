@@ -20,14 +20,7 @@ def _parser() -> argparse.ArgumentParser:
     for name, text in (("train", "train a job"), ("validate", "check a job without training")):
         command = commands.add_parser(name, help=text)
         command.add_argument("job", help="job YAML file")
-        command.add_argument(
-            "--set",
-            dest="overrides",
-            action="append",
-            default=[],
-            metavar="KEY=VALUE",
-            help="override a spec value, e.g. train.epochs=3 (repeatable)",
-        )
+        _repeatable(command, "--set", "overrides", "KEY=VALUE", "override a spec value, e.g. train.epochs=3")
         if name == "train":
             command.add_argument(
                 "--output-dir", default=None, help="where result.json and weights go (default runs/NAME)"
@@ -54,16 +47,15 @@ def _parser() -> argparse.ArgumentParser:
             )
     tune = commands.add_parser("tune", help="sweep a job's settings with Ray Tune, every trial a full run")
     tune.add_argument("job", help="job YAML file")
-    tune.add_argument(
+    _repeatable(
+        tune,
         "--param",
-        dest="params",
-        action="append",
-        default=[],
-        metavar="KEY=SPACE",
-        help="a spec key and its space: choice(a,b) grid(a,b) uniform(lo,hi) loguniform(lo,hi) randint(lo,hi) "
-        "(repeatable; adds to the job's tune.params)",
+        "params",
+        "KEY=SPACE",
+        "a spec key and its space: choice(a,b) grid(a,b) uniform(lo,hi) loguniform(lo,hi) randint(lo,hi); adds to "
+        "the job's tune.params",
     )
-    tune.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    _repeatable(tune, "--set", "overrides", "KEY=VALUE", "override a spec value of every trial")
     tune.add_argument("--samples", type=int, default=None, help="Tune's num_samples: repeats of the grid (default 1)")
     tune.add_argument("--max-concurrent", type=int, default=None, help="trials at once (default: what fits)")
     tune.add_argument("--metric", default=None, help="the epoch figure to optimize (default val_loss, else loss)")
@@ -75,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     submit = commands.add_parser("submit", help="run a job on a Ray cluster through the Jobs API")
     submit.add_argument("job", help="job YAML file (inside the working dir)")
     submit.add_argument("--address", required=True, help="the cluster's dashboard, e.g. http://HEAD:8265")
-    submit.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    _repeatable(submit, "--set", "overrides", "KEY=VALUE", "override a spec value")
     submit.add_argument("--working-dir", default=None, help="folder to upload (default: the current one)")
     submit.add_argument("--no-wait", action="store_true", help="return once submitted instead of following the logs")
     submit.add_argument(
@@ -85,18 +77,17 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("checkpoint", help="a .weights.h5 file or a checkpoint folder (then its best file)")
     export.add_argument("--batch-size", type=int, default=1, help="batch size of the exported model (default 1)")
     export.add_argument("--out", required=True, help="output .keras file")
-    export.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="model.kwargs.KEY=VALUE",
-        help="rebuild with another builder argument, e.g. model.kwargs.window=1 (repeatable)",
+    _repeatable(
+        export, "--set", "overrides", "model.kwargs.KEY=VALUE", "rebuild with another builder argument, e.g. window=1"
     )
     export.add_argument(
         "--unlisted", action="store_true", help="accept a weights file the folder's manifest does not list"
     )
     return parser
+
+
+def _repeatable(command: argparse.ArgumentParser, flag: str, dest: str, metavar: str, text: str) -> None:
+    command.add_argument(flag, dest=dest, action="append", default=[], metavar=metavar, help=f"{text} (repeatable)")
 
 
 def _builder_kwargs(overrides: list[str]) -> dict:

@@ -105,3 +105,36 @@ class MlflowServer:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         self.log.close()
+
+
+def job(name: str, builder: str, loader: str, loader_kwargs: dict, **train) -> dict:
+    """A small job from `tests.models`, rows in order (as `fit(shuffle=False)`), global batch 8, seed 4."""
+    return {
+        "name": name,
+        "model": {"builder": f"tests.models:{builder}"},
+        "data": {"loader": f"tests.models:{loader}", "kwargs": loader_kwargs, "layout": "streams"},  # fit's order
+        "train": {"global_batch_size": 8, "epochs": 3, "seed": 4, **train},
+        "mlflow": {"enabled": False},
+    }
+
+
+def keras_fit(builder: Callable, data: dict, compile_args: dict, epochs: int = 3, **fit_args):
+    """The oracle: plain Keras `fit` in this process, on the rows in order (`shuffle=False`, as
+    `layout: streams` feeds them), seed 4 as in `job`; returns the model and its history."""
+    import keras
+
+    keras.utils.set_random_seed(4)
+    model = builder(batch_size=8)
+    model.compile(**compile_args)
+    validation = (data["x_val"], data["y_val"]) + ((data["sample_weight_val"],) if "sample_weight_val" in data else ())
+    history = model.fit(
+        data["x_train"],
+        data["y_train"],
+        batch_size=8,
+        epochs=epochs,
+        shuffle=False,
+        validation_data=validation,
+        verbose=0,
+        **fit_args,
+    ).history
+    return model, history

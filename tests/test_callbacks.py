@@ -10,74 +10,50 @@ import pytest
 
 import rayparallel
 
-from .helpers import final_weights, max_relative_error
+from .helpers import final_weights, job, keras_fit, max_relative_error
 
 pytestmark = pytest.mark.slow
 
 EARLY = {"monitor": "val_loss", "patience": 2, "min_delta": 0.01, "restore_best_weights": True}
 PLATEAU = {"monitor": "val_loss", "factor": 0.5, "patience": 0, "min_delta": 0.02}
-JOB = {
-    "name": "callbacks",
-    "model": {"builder": "tests.models:dense_regressor"},
-    "data": {"loader": "tests.models:linear_rows", "layout": "streams"},  # row order kept: fit's shuffle=False
-    "train": {
-        "global_batch_size": 8,
-        "epochs": 12,
-        "optimizer": {"class_name": "Adam", "config": {"learning_rate": 0.02}},
-        "metrics": ["mae"],
-        "seed": 4,
-    },
-    "mlflow": {"enabled": False},
-}
 
 
-def keras_fit(callbacks: list, epochs: int = 12):
-    """The oracle: the same model, data, seed and callbacks through plain `model.fit`."""
-    import keras
-
-    from tests.models import dense_regressor, linear_rows
-
-    keras.utils.set_random_seed(JOB["train"]["seed"])
-    model = dense_regressor(batch_size=8)
-    model.compile(keras.optimizers.Adam(0.02), loss="mean_squared_error", metrics=["mae"])
-    data = linear_rows()
-    history = model.fit(
-        data["x_train"],
-        data["y_train"],
-        batch_size=8,
+def with_callbacks(callbacks: list, epochs: int = 12) -> dict:
+    optimizer = {"class_name": "Adam", "config": {"learning_rate": 0.02}}
+    return job(
+        "callbacks",
+        "dense_regressor",
+        "linear_rows",
+        {},
         epochs=epochs,
-        shuffle=False,
-        validation_data=(data["x_val"], data["y_val"]),
-        verbose=0,
+        optimizer=optimizer,
+        metrics=["mae"],
         callbacks=callbacks,
-    ).history
-    return model, history
+    )
 
 
 def test_early_stopping_plateau_and_writers_act_as_in_keras_fit(ray_address, tmp_path):
     import keras
 
-    from tests.models import dense_regressor
+    from tests.models import dense_regressor, linear_rows
 
-    oracle, fit = keras_fit([keras.callbacks.EarlyStopping(**EARLY), keras.callbacks.ReduceLROnPlateau(**PLATEAU)])
+    compile_args = dict(optimizer=keras.optimizers.Adam(0.02), loss="mean_squared_error", metrics=["mae"])
+    stoppers = [keras.callbacks.EarlyStopping(**EARLY), keras.callbacks.ReduceLROnPlateau(**PLATEAU)]
+    oracle, fit = keras_fit(dense_regressor, linear_rows(), compile_args, epochs=12, callbacks=stoppers)
     assert len(fit["loss"]) < 12 and fit["learning_rate"][-1] < fit["learning_rate"][0]  # both acted
     for workers in (1, 2):
         out = tmp_path / f"w{workers}"
-        job = dict(
-            JOB,
-            train=dict(
-                JOB["train"],
-                callbacks=[
-                    {"class_name": "EarlyStopping", "config": EARLY},
-                    {"class_name": "ReduceLROnPlateau", "config": PLATEAU},
-                    {"class_name": "CSVLogger", "config": {"filename": "history.csv"}},
-                    {"class_name": "TensorBoard", "config": {"log_dir": "tensorboard"}},
-                    {"class": "tests.callbacks:EpochRecorder", "kwargs": {"path": str(out / "epochs.jsonl")}},
-                    {"class": "tests.callbacks:EveryRankRecorder", "kwargs": {"path": str(out / "every-rank.jsonl")}},
-                ],
-            ),
+        spec = with_callbacks(
+            [
+                {"class_name": "EarlyStopping", "config": EARLY},
+                {"class_name": "ReduceLROnPlateau", "config": PLATEAU},
+                {"class_name": "CSVLogger", "config": {"filename": "history.csv"}},
+                {"class_name": "TensorBoard", "config": {"log_dir": "tensorboard"}},
+                {"class": "tests.callbacks:EpochRecorder", "kwargs": {"path": str(out / "epochs.jsonl")}},
+                {"class": "tests.callbacks:EveryRankRecorder", "kwargs": {"path": str(out / "every-rank.jsonl")}},
+            ]
         )
-        result = rayparallel.train(job, [f"scaling.num_workers={workers}"], output_dir=out, verbose=False)
+        result = rayparallel.train(spec, [f"scaling.num_workers={workers}"], output_dir=out, verbose=False)
         error = max_relative_error(final_weights(result.final_weights, dense_regressor), oracle.get_weights())
         print(
             f"EarlyStopping + ReduceLROnPlateau: {workers} workers vs Keras fit, max relative weight error {error:.2e}"
@@ -114,32 +90,15 @@ def scalars(folder, tag: str) -> list[float]:
 
 
 def test_scheduler_and_terminate_on_nan_end_the_run_as_finished(ray_address, tmp_path):
-    job = dict(
-        JOB,
-        train=dict(
-            JOB["train"],
-            epochs=6,
-            callbacks=[
-                {"class_name": "LearningRateScheduler", "config": {"schedule": "tests.callbacks:halve_after_two"}},
-            ],
-        ),
-    )
-    result = rayparallel.train(job, ["scaling.num_workers=2"], output_dir=tmp_path / "lr", verbose=False)
+    halve = {"class_name": "LearningRateScheduler", "config": {"schedule": "tests.callbacks:halve_after_two"}}
+    spec = with_callbacks([halve], epochs=6)
+    result = rayparallel.train(spec, ["scaling.num_workers=2"], output_dir=tmp_path / "lr", verbose=False)
     assert [e["learning_rate"] for e in result.history] == pytest.approx([0.02, 0.02, 0.01, 0.005, 0.0025, 0.00125])
     assert result.stopped is None
 
-    job = dict(
-        JOB,
-        train=dict(
-            JOB["train"],
-            epochs=6,
-            callbacks=[
-                {"class_name": "LearningRateScheduler", "config": {"schedule": "tests.callbacks:explode_at_three"}},
-                "TerminateOnNaN",
-            ],
-        ),
-    )
-    result = rayparallel.train(job, ["scaling.num_workers=2"], output_dir=tmp_path / "nan", verbose=False)
+    explode = {"class_name": "LearningRateScheduler", "config": {"schedule": "tests.callbacks:explode_at_three"}}
+    spec = with_callbacks([explode, "TerminateOnNaN"], epochs=6)
+    result = rayparallel.train(spec, ["scaling.num_workers=2"], output_dir=tmp_path / "nan", verbose=False)
     assert len(result.history) == 3 and not math.isfinite(result.history[-1]["loss"])
     assert result.stopped == {"epoch": 3, "reason": "TerminateOnNaN stopped training"}
     assert json.loads((tmp_path / "nan" / "run.json").read_text())["status"] == "FINISHED"

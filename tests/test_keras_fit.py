@@ -7,41 +7,11 @@ import pytest
 
 import rayparallel
 
-from .helpers import final_weights, max_relative_error
+from .helpers import final_weights, job, keras_fit, max_relative_error
 
 pytestmark = pytest.mark.slow
 
 SCHEDULE = {"initial_learning_rate": 0.0, "decay_steps": 30, "warmup_target": 0.05, "warmup_steps": 6}
-
-
-def job(name: str, builder: str, loader: str, loader_kwargs: dict, **train) -> dict:
-    return {
-        "name": name,
-        "model": {"builder": f"tests.models:{builder}"},
-        "data": {"loader": f"tests.models:{loader}", "kwargs": loader_kwargs, "layout": "streams"},  # fit's order
-        "train": {"global_batch_size": 8, "epochs": 3, "seed": 4, **train},
-        "mlflow": {"enabled": False},
-    }
-
-
-def keras_fit(builder, data: dict, compile_args: dict, epochs: int = 3, **fit_args):
-    import keras
-
-    keras.utils.set_random_seed(4)
-    model = builder(batch_size=8)
-    model.compile(**compile_args)
-    validation = (data["x_val"], data["y_val"]) + ((data["sample_weight_val"],) if "sample_weight_val" in data else ())
-    history = model.fit(
-        data["x_train"],
-        data["y_train"],
-        batch_size=8,
-        epochs=epochs,
-        shuffle=False,
-        validation_data=validation,
-        verbose=0,
-        **fit_args,
-    ).history
-    return model, history
 
 
 def assert_same_as_fit(spec: dict, builder, model, history: dict, tmp_path, label: str) -> None:
@@ -85,7 +55,7 @@ def test_schedule_global_clipnorm_accumulation_and_sample_weights(ray_address, t
     assert_same_as_fit(spec, dense_regressor, model, history, tmp_path, "schedule + clip + accumulation + weights")
 
 
-def test_class_weights(ray_address, tmp_path):
+def test_class_weights_with_weight_decay_and_clipvalue(ray_address, tmp_path):
     import keras
 
     from tests.models import blobs, small_cnn
@@ -96,16 +66,15 @@ def test_class_weights(ray_address, tmp_path):
         "small_cnn",
         "blobs",
         {},
-        optimizer={"class_name": "Adam", "config": {"learning_rate": 0.01}},
+        optimizer={"class_name": "AdamW", "config": {"learning_rate": 0.01, "weight_decay": 0.05, "clipvalue": 0.5}},
         loss="sparse_categorical_crossentropy",
         metrics=["accuracy"],
         class_weight=weights,
     )
-    compile_args = dict(
-        optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy", metrics=["accuracy"]
-    )
+    optimizer = keras.optimizers.AdamW(0.01, weight_decay=0.05, clipvalue=0.5)
+    compile_args = dict(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     model, history = keras_fit(small_cnn, blobs(), compile_args, class_weight=weights)
-    assert_same_as_fit(spec, small_cnn, model, history, tmp_path, "class weights")
+    assert_same_as_fit(spec, small_cnn, model, history, tmp_path, "class weights, AdamW, clipvalue")
 
 
 def test_two_outputs_with_losses_weights_and_metrics_per_output(ray_address, tmp_path):

@@ -11,7 +11,7 @@ from .helpers import final_weights, max_relative_error
 
 pytestmark = pytest.mark.slow
 
-LSTM = lstm_job("eq-lstm", "scaling.num_workers=1", "train.global_batch_size=16")  # 16 streams
+LSTM = lstm_job("eq-lstm", "scaling.num_workers=1", "train.global_batch_size=16", "mlflow.enabled=false")
 CNN = {
     "name": "eq-cnn",
     "model": {"builder": "tests.models:small_cnn"},
@@ -28,6 +28,7 @@ CNN = {
         ],
     },
     "scaling": {"num_workers": 1},
+    "mlflow": {"enabled": False},
 }
 
 

@@ -107,7 +107,9 @@ def test_outcomes_table_and_csv_from_trial_folders(tmp_path):
     for trial in trials[:2]:
         folder = tmp_path / trial.id
         folder.mkdir()
-        (folder / "run.json").write_text(json.dumps({"status": "FINISHED"}))
+        (folder / "run.json").write_text(
+            json.dumps({"ray_run_name": trial.id, "storage_path": str(folder), "status": "FINISHED"})
+        )
         result = {
             "history": [{"loss": 1.0, "val_loss": v} for v in histories[trial.id]],
             "final_weights": str(folder / "final.weights.h5"),

@@ -112,7 +112,7 @@ def resumed_spec(requested: dict, overrides: Sequence[str], output_dir: Path, re
     `job.yaml` is written with secrets masked; where a masked value matches the requested
     spec's, the requested (real) value is used.
     """
-    previous = _read(output_dir)
+    previous = read_state(output_dir)
     recorded_file = output_dir / "job.yaml"
     # any point at all: which one is intact is `plan_run`'s check (it reads every checksum once)
     if not _wants_resume(previous, resume) or not recorded_file.is_file() or not previous.points():
@@ -157,7 +157,7 @@ def plan_run(
     name: str, output_dir: Path, storage_path: str, resume: bool | None
 ) -> tuple[RunState, ResumePoint | None]:
     """The run to start: a new one, or the recorded one when resuming (see module doc)."""
-    previous = _read(output_dir)
+    previous = read_state(output_dir)
     point = previous.resume_point() if previous and _wants_resume(previous, resume) else None
     if resume is True and point is None:
         raise RayParallelError(
@@ -174,7 +174,8 @@ def plan_run(
     return fresh, None
 
 
-def _read(output_dir: Path) -> RunState | None:
+def read_state(output_dir: Path) -> RunState | None:
+    """The folder's `run.json`, or None when it has none."""
     path = output_dir / RUN_FILE
     if not path.is_file():
         return None

@@ -97,7 +97,7 @@ def run_sweep(
         concurrent = _concurrency(
             jobs, settings.max_concurrent, checked=started_ray or not os.environ.get("RAY_ADDRESS")
         )
-        parent = _parent_run(job, output_dir, plan.mlflow_parent_run_id) if job.mlflow.enabled else None
+        parent = _parent_run(job, plan.mlflow_parent_run_id) if job.mlflow.enabled else None
         if parent:
             plan.mlflow_parent_run_id = parent.run_id
             parent.log_params(_sweep_params(plan))
@@ -134,17 +134,15 @@ def run_sweep(
             ray.shutdown()
 
 
-def trial_job(job: JobSpec, trial: Trial) -> dict:
-    """The job a trial runs: the sweep's job with the trial's overrides, as a checked spec dict."""
-    raw = job.to_dict()
-    raw["tune"] = asdict(TuneSpec())  # a trial is a plain run
+def trial_job(job: JobSpec, trial: Trial) -> JobSpec:
+    """The job a trial runs: the sweep's job with the trial's overrides, checked."""
     try:
-        return load_spec(raw, trial.overrides).to_dict()
+        return load_spec(replace(job, tune=TuneSpec()), trial.overrides)  # a trial is a plain run
     except SpecError as exc:
         raise SpecError(f"{trial.id} ({' '.join(trial.overrides)}): {exc}") from None
 
 
-def _checked_metric(settings: TuneSpec, first_job: dict) -> tuple[str, list[str]]:
+def _checked_metric(settings: TuneSpec, first_job: JobSpec) -> tuple[str, list[str]]:
     """The job's own checks on the first trial (builder, data, names) and the metric it reports."""
     from ..api import _checked
 
@@ -158,29 +156,28 @@ def _checked_metric(settings: TuneSpec, first_job: dict) -> tuple[str, list[str]
     return metric, keys
 
 
-def _concurrency(jobs: dict[str, dict], requested: int | None, checked: bool) -> int:
+def _concurrency(jobs: dict[str, JobSpec], requested: int | None, checked: bool) -> int:
     """Trials at once: as many as the cluster holds of the largest trial, or the request if it fits."""
     from ..cluster.connect import check_capacity, runs_that_fit
 
     if not checked:  # a cluster that may autoscale (RAY_ADDRESS): Ray waits for room
         return min(requested or len(jobs), len(jobs))
-    specs = {tid: load_spec(spec) for tid, spec in jobs.items()}
-    for tid, spec in specs.items():
+    for tid, spec in jobs.items():
         try:
             check_capacity(spec)
         except RayParallelError as exc:
             raise RayParallelError(f"{tid}: {exc}") from None
-    fits = {tid: runs_that_fit(spec) for tid, spec in specs.items()}
+    fits = {tid: runs_that_fit(spec) for tid, spec in jobs.items()}
     largest = min(fits, key=fits.get)
     if requested and requested > fits[largest]:
         raise RayParallelError(
             f"--max-concurrent: expected at most {fits[largest]} trials at once on this cluster ({largest} runs "
-            f"{specs[largest].scaling.described} workers), received {requested}"
+            f"{jobs[largest].scaling.described} workers), received {requested}"
         )
     return min(requested or fits[largest], len(jobs))
 
 
-def _parent_run(job: JobSpec, output_dir: Path, run_id: str | None) -> SweepRun:
+def _parent_run(job: JobSpec, run_id: str | None) -> SweepRun:
     import mlflow
 
     from ..tracking.sweep_run import SweepRun
@@ -191,19 +188,19 @@ def _parent_run(job: JobSpec, output_dir: Path, run_id: str | None) -> SweepRun:
     )
 
 
-def _with_parent(spec: dict, trial_id: str, parent: SweepRun) -> dict:
+def _with_parent(spec: JobSpec, trial_id: str, parent: SweepRun) -> JobSpec:
     """A trial's MLflow run: a child of the parent in its experiment; only the parent registers a model."""
     from ..tracking.sweep_run import PARENT_TAG
 
-    tracking = dict(
-        spec["mlflow"],
+    tracking = replace(
+        spec.mlflow,
         tracking_uri=parent.tracking_uri,
         experiment=parent.experiment,
         run_name=trial_id,
         register_model=None,
-        tags={**spec["mlflow"]["tags"], PARENT_TAG: parent.run_id, "rayparallel.trial": trial_id},
+        tags={**spec.mlflow.tags, PARENT_TAG: parent.run_id, "rayparallel.trial": trial_id},
     )
-    return dict(spec, mlflow=tracking)
+    return replace(spec, mlflow=tracking)
 
 
 def _sweep_params(plan: Plan) -> dict[str, str]:
@@ -219,7 +216,7 @@ def _tune(
     metric: str,
     keys: list[str],
     pending: list[Trial],
-    jobs: dict[str, dict],
+    jobs: dict[str, JobSpec],
     output_dir: Path,
     concurrent: int,
     resume: bool,
@@ -242,7 +239,7 @@ def _tune(
     if settings.scheduler == "asha":
         from ray.tune.schedulers import ASHAScheduler
 
-        epochs = max(spec["train"]["epochs"] for spec in jobs.values())
+        epochs = max(spec.train.epochs for spec in jobs.values())
         scheduler = ASHAScheduler(
             time_attr="epoch",  # not Tune's iteration count: a resumed trial reports from its next epoch
             max_t=epochs,

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cluster.run_state import RUN_FILE
+from ..cluster.run_state import read_state
 from .space import Trial
 
 
@@ -43,8 +43,8 @@ class TrialOutcome:
 
 def read_outcome(trial: Trial, folder: Path, metric: str, mode: str, error: str | None = None) -> TrialOutcome:
     """From `run.json` (status) and `result.json` (written when the run finished)."""
-    run_file, result_file = folder / RUN_FILE, folder / "result.json"
-    status = json.loads(run_file.read_text()).get("status", "RUNNING") if run_file.is_file() else "PENDING"
+    state, result_file = read_state(folder), folder / "result.json"
+    status = state.status if state else "PENDING"
     if error:  # failed before its run began (a bad value), or its process was lost
         status = "FAILED"
     result = json.loads(result_file.read_text()) if status == "FINISHED" and result_file.is_file() else {}

@@ -14,6 +14,10 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..spec import JobSpec
 
 # How long a trial that Tune stops may take to end its run (the epoch in progress, the final
 # weights, MLflow) before Tune may remove the process.
@@ -24,7 +28,7 @@ STOP_GRACE_S = 300.0
 class TrialSetup:
     """What every trial needs, shipped once with the trainable."""
 
-    jobs: dict[str, dict]  # trial id -> its job (a spec dict: the job with the trial's overrides)
+    jobs: dict[str, JobSpec]  # trial id -> its job: the sweep's job with the trial's overrides
     output_dir: str  # the sweep's folder; a trial writes to <output_dir>/<trial id>
     workdir: str  # where the user's modules and relative paths are, as for `rayparallel train`
     resume: bool | None  # None: continue a trial's unfinished run; False: start it fresh

@@ -42,6 +42,29 @@ def artifact_root(tracking_uri: str) -> str | None:
     return (database.resolve().parent / "mlruns").as_uri()
 
 
+def experiment_id(client: Any, name: str, tracking_uri: str) -> str:
+    """The experiment's id, created (artifacts where `artifact_root` says) if it does not exist yet."""
+    found = client.get_experiment_by_name(name)
+    if found:
+        return found.experiment_id
+    return client.create_experiment(name, artifact_location=artifact_root(tracking_uri))
+
+
+def log_keras_model(tracking_uri: str, run_id: str, model: Any, registered_model_name: str | None) -> None:
+    """`model` as the run's `model` artifact through `mlflow.keras`, registered under the name if given."""
+    import keras
+    import mlflow
+    import mlflow.keras
+    import tensorflow as tf
+
+    mlflow.set_tracking_uri(tracking_uri)
+    requirements = [f"tensorflow=={tf.__version__}", f"keras=={keras.__version__}"]  # no slow inference
+    with mlflow.start_run(run_id=run_id, log_system_metrics=False):
+        mlflow.keras.log_model(
+            model, name="model", registered_model_name=registered_model_name, pip_requirements=requirements
+        )
+
+
 class MlflowRun:
     def __init__(
         self,
@@ -150,7 +173,6 @@ class MlflowRun:
                 self._cond.notify_all()
 
     def _apply(self, kind: str, payload: dict) -> None:
-        import mlflow
         from mlflow.entities import Metric, Param, RunTag
         from mlflow.tracking import MlflowClient
 
@@ -164,12 +186,7 @@ class MlflowRun:
                     key: max(m.step for m in client.get_metric_history(self.run_id, key)) for key in run.data.metrics
                 }
             else:
-                experiment = client.get_experiment_by_name(self.experiment)
-                self.experiment_id = (
-                    experiment.experiment_id
-                    if experiment
-                    else client.create_experiment(self.experiment, artifact_location=artifact_root(self.tracking_uri))
-                )
+                self.experiment_id = experiment_id(client, self.experiment, self.tracking_uri)
                 self.run_id = client.create_run(self.experiment_id, run_name=self.run_name).info.run_id
             self._started.set()
         elif kind == "params":
@@ -192,20 +209,7 @@ class MlflowRun:
         elif kind == "artifact":
             client.log_artifact(self.run_id, payload["path"], payload["artifact_path"])
         elif kind == "model":
-            import keras
-            import mlflow.keras
-            import tensorflow as tf
-
-            mlflow.set_tracking_uri(self.tracking_uri)
-            model = payload["build"]()
-            requirements = [f"tensorflow=={tf.__version__}", f"keras=={keras.__version__}"]  # no slow inference
-            with mlflow.start_run(run_id=self.run_id, log_system_metrics=False):
-                mlflow.keras.log_model(
-                    model,
-                    name="model",
-                    registered_model_name=payload["registered_model_name"],
-                    pip_requirements=requirements,
-                )
+            log_keras_model(self.tracking_uri, self.run_id, payload["build"](), payload["registered_model_name"])
         elif kind == "end":
             client.set_terminated(self.run_id, status=payload["status"])
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import RayParallelError
 from ..secrets import mask_text
-from .mlflow_run import artifact_root, run_url
+from .mlflow_run import experiment_id, log_keras_model, run_url
 
 if TYPE_CHECKING:
     import keras
@@ -34,12 +34,7 @@ class SweepRun:
                 self.experiment_id = self.client.get_run(run_id).info.experiment_id
                 self.client.update_run(run_id, status="RUNNING")
             else:
-                found = self.client.get_experiment_by_name(experiment)
-                self.experiment_id = (
-                    found.experiment_id
-                    if found
-                    else self.client.create_experiment(experiment, artifact_location=artifact_root(tracking_uri))
-                )
+                self.experiment_id = experiment_id(self.client, experiment, tracking_uri)
                 run_id = self.client.create_run(self.experiment_id, run_name=run_name).info.run_id
         except Exception as exc:  # MLflow raises its own and the HTTP client's errors
             first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
@@ -86,17 +81,7 @@ class SweepRun:
             self.client.set_tag(child_run_id, BEST_TAG, "true")
 
     def log_model(self, build: Callable[[], keras.Model], registered_model_name: str | None) -> None:
-        import keras
-        import mlflow
-        import mlflow.keras
-        import tensorflow as tf
-
-        mlflow.set_tracking_uri(self.tracking_uri)
-        requirements = [f"tensorflow=={tf.__version__}", f"keras=={keras.__version__}"]
-        with mlflow.start_run(run_id=self.run_id, log_system_metrics=False):
-            mlflow.keras.log_model(
-                build(), name="model", registered_model_name=registered_model_name, pip_requirements=requirements
-            )
+        log_keras_model(self.tracking_uri, self.run_id, build(), registered_model_name)
 
     def log_artifact(self, path: str) -> None:
         self.client.log_artifact(self.run_id, path)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,7 +29,9 @@ def validate(spec: SpecSource, overrides: Iterable[str] = ()) -> JobSpec:
     >>> rayparallel.validate("jobs/stateful_lstm.yaml").per_worker_batch_size  # doctest: +SKIP
     4
     """
-    job, _ = _checked(spec, overrides)
+    job = load_spec(spec, overrides)
+    with _ray_for_checks(job, worker_logs=False):
+        _checked(job, ())
     return job
 
 
@@ -79,18 +82,19 @@ def _train(
             f"rayparallel: resuming the job recorded in {out / 'job.yaml'}, not the given one, which differs in "
             + ", ".join(changed)
         )
-    job, checks = _checked(recorded or requested, (), native_logs=worker_logs)  # imports TensorFlow quietly
+    with _ray_for_checks(recorded or requested, worker_logs):
+        job, checks = _checked(recorded or requested, (), native_logs=worker_logs)  # imports TensorFlow quietly
 
-    from .cluster.launch import Launch, checkpoint_dir, launch
-    from .files import ensure_writable
+        from .cluster.launch import Launch, checkpoint_dir, launch
+        from .files import ensure_writable
 
-    ensure_writable(out, "--output-dir")
-    ensure_writable(checkpoint_dir(job, out), "checkpoint.dir")
-    run = Launch(
-        out, [os.getcwd()], checks.baselines, verbose, worker_logs, resume, started_at=started_at, on_epoch=on_epoch
-    )
-    run.mark("spec_checked")
-    return launch(job, run)
+        ensure_writable(out, "--output-dir")
+        ensure_writable(checkpoint_dir(job, out), "checkpoint.dir")
+        run = Launch(out, [os.getcwd()], checks.baselines, verbose, worker_logs, resume, started_at=started_at)
+        run.on_epoch, run.source, run.datasets, run.inputs = on_epoch, checks.source, checks.plans, checks.inputs
+        del checks  # the driver keeps no copy of a loader's arrays once launch has put them in the object store
+        run.mark("spec_checked")
+        return launch(job, run)
 
 
 def tune(
@@ -130,6 +134,26 @@ def tune(
     out = (Path(output_dir) if output_dir is not None else Path("runs") / f"{job.name}-tune").resolve()
     ensure_writable(out, "--output-dir")
     return run_sweep(job, settings, out, resume, verbose, worker_logs)
+
+
+@contextlib.contextmanager
+def _ray_for_checks(job: JobSpec, worker_logs: bool) -> Iterator[None]:
+    """A Ray Data job is checked through Ray (a sample read, the row count): connect before the checks,
+    and stop a Ray started here at the end. Other jobs are checked before Ray starts (launch connects)."""
+    if job.data.dataset is None:
+        yield
+        return
+    import ray
+
+    from .cluster.connect import connect, quiet_ray_data
+
+    started = connect(worker_logs)
+    quiet_ray_data(worker_logs)
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def _checked(spec: SpecSource, overrides: Iterable[str], native_logs: bool = False) -> tuple[JobSpec, Preflight]:

@@ -41,6 +41,15 @@ def connect(worker_logs: bool = False) -> bool:
     return True
 
 
+def quiet_ray_data(show: bool) -> None:
+    """Ray Data's per-execution lines (plans, progress bars) in the driver only with `worker_logs`."""
+    from ray.data import DataContext
+
+    if not show:
+        logging.getLogger("ray.data").setLevel(logging.WARNING)
+        DataContext.get_current().enable_progress_bars = False
+
+
 @contextlib.contextmanager
 def worker_output_shown(show: bool) -> Iterator[None]:
     """Hold back the workers' and Ray Train's output in a driver that streams it (a notebook's ray.init()).

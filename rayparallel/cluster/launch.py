@@ -11,7 +11,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,6 +29,8 @@ from ..result import TrainResult, describe_stop
 from ..secrets import mask, mask_text
 from ..spec import JobSpec
 from ..startup import describe, relative
+from ..worker.datasets import rank_shards
+from ..worker.feed import DataSource
 from ..worker.loop import train_loop_per_worker
 from . import connect as cluster
 from .backend import TensorflowBackendConfig
@@ -64,6 +66,9 @@ class Launch:
     # Called with each epoch's global logs as they arrive; a returned reason ends the run as
     # finished after the epoch in progress (a sweep's trial that its Tune scheduler stops).
     on_epoch: Callable[[int, dict], str | None] | None = None
+    source: DataSource | None = None  # what the workers read (preflight's); None: the loader, called by them
+    datasets: dict = field(default_factory=dict)  # Ray Data: the lazy datasets, by split, for Ray Train
+    inputs: list[dict] = field(default_factory=list)  # the datasets as MLflow records them
 
     def mark(self, phase: str) -> None:
         self.marks.setdefault(phase, time.time())
@@ -108,7 +113,7 @@ def _fit(spec: JobSpec, run: Launch) -> TrainResult:
         spec,
         str(checkpoint_dir(spec, output_dir)),
         run.search_path,
-        _tracking_config(spec, output_dir, state),
+        _tracking_config(spec, output_dir, state, run.inputs),
         str(Path(storage_path).resolve() / state.ray_run_name) if spec.run.local_storage else None,
     )
     ray.get(actor.ping.remote())  # up; its MLflow run is created meanwhile, announced by an event
@@ -129,6 +134,17 @@ def _fit(spec: JobSpec, run: Launch) -> TrainResult:
             if reason:
                 actor.request_stop.remote(reason)
 
+    source = run.source or DataSource(rank_aware=True)
+    if source.arrays is not None and not isinstance(source.arrays, ray.ObjectRef):
+        # once per run into the object store, where every worker of a node reads it without a copy;
+        # the driver keeps only the reference (a restarted worker group reads the same object)
+        source = replace(source, arrays=ray.put(source.arrays))
+        run.source = source
+    data_options = {}
+    if run.datasets:
+        data_options = dict(
+            datasets=run.datasets, dataset_config=rank_shards(spec.data.layout, spec.train.global_batch_size)
+        )
     os.environ.setdefault(*HEALTH_CHECK_INTERVAL)  # read from here by the controller (Ray propagates it)
     if spec.scaling.elastic:
         os.environ.setdefault(*ELASTIC_START_TIMEOUT)
@@ -140,7 +156,9 @@ def _fit(spec: JobSpec, run: Launch) -> TrainResult:
             "actor": actor,
             "search_path": run.search_path,
             "output_dir": str(output_dir),
+            "source": source,
         },
+        **data_options,
         scaling_config=scaling_config,
         run_config=RunConfig(
             name=state.ray_run_name,
@@ -239,7 +257,7 @@ def _scaling_config(spec: JobSpec) -> ScalingConfig:
     )
 
 
-def _tracking_config(spec: JobSpec, output_dir: Path, state: RunState) -> dict | None:
+def _tracking_config(spec: JobSpec, output_dir: Path, state: RunState, inputs: list[dict]) -> dict | None:
     if not spec.mlflow.enabled:
         return None
     import mlflow
@@ -251,6 +269,7 @@ def _tracking_config(spec: JobSpec, output_dir: Path, state: RunState) -> dict |
         "tags": dict(mask(spec.mlflow.tags), **{"rayparallel.ray_run_name": state.ray_run_name}),
         "unlogged_path": output_dir / "mlflow_unlogged.json",
         "resume_run_id": state.mlflow_run_id,
+        "inputs": inputs,
     }
 
 

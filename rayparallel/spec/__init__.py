@@ -1,7 +1,7 @@
 """Job spec: YAML -> validated, typed objects (no Ray, no TensorFlow)."""
 
 from .parse import apply_overrides, load_spec, load_yaml
-from .schema import CheckpointSpec, DataSpec, JobSpec, MlflowSpec, ModelSpec, RunSpec, ScalingSpec, TrainSpec
+from .schema import CheckpointSpec, DataSpec, JobSpec, MlflowSpec, ModelSpec, RunSpec, ScalingSpec, Shard, TrainSpec
 
 __all__ = [
     "CheckpointSpec",
@@ -15,4 +15,5 @@ __all__ = [
     "TrainSpec",
     "ScalingSpec",
     "RunSpec",
+    "Shard",
 ]

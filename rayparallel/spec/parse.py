@@ -204,7 +204,12 @@ def _check_values(spec: JobSpec) -> None:
             f"received {spec.name!r}"
         )
     _check_workers(spec)
-    for key, ref in (("model.builder", spec.model.builder), ("data.loader", spec.data.loader)):
+    _check_data(spec)
+    refs = {"model.builder": spec.model.builder, "data.loader": spec.data.loader, "data.dataset": spec.data.dataset}
+    refs["data.val_dataset"] = spec.data.val_dataset
+    for key, ref in refs.items():
+        if ref is None:
+            continue
         module, sep, attr = ref.partition(":")
         if not (sep and module and attr):
             raise SpecError(f"{key}: expected 'module:function', received {ref!r}")
@@ -214,6 +219,36 @@ def _check_values(spec: JobSpec) -> None:
             raise SpecError(
                 f"scaling.resources_per_worker.{name}: expected a non-negative number, received {describe(amount)}"
             )
+
+
+def _check_data(spec: JobSpec) -> None:
+    data = spec.data
+    if (data.loader is None) == (data.dataset is None):
+        got = "both" if data.loader else "neither"
+        raise SpecError(f"data: expected either loader (in-memory arrays) or dataset (Ray Data), received {got}")
+    if data.dataset is None:
+        if data.val_dataset is not None:
+            raise SpecError("data.val_dataset: expected it with data.dataset (Ray Data), received it with data.loader")
+        return
+    for key in ("x", "y"):
+        value = getattr(data, key)
+        names = value if isinstance(value, list) else [value]
+        if not names or not all(isinstance(n, str) and n for n in names):
+            raise SpecError(f"data.{key}: expected a column name or a list of them, received {describe(value)}")
+    if spec.train.class_weight is not None:
+        raise SpecError(
+            "train.class_weight: expected it with data.loader (in-memory labels), received it with data.dataset; "
+            "weigh the rows in the dataset instead"
+        )
+    uneven = [
+        n for n in range(spec.scaling.min_workers, spec.scaling.max_workers + 1) if spec.train.global_batch_size % n
+    ]
+    if data.layout == "shuffle" and uneven:
+        raise SpecError(
+            f"scaling.num_workers: expected worker counts that divide train.global_batch_size="
+            f"{spec.train.global_batch_size} with data.dataset and layout shuffle (Ray splits the rows evenly), "
+            f"received {spec.scaling.described}"
+        )
 
 
 def _check_workers(spec: JobSpec) -> None:

@@ -35,16 +35,49 @@ class ModelSpec:
 
 
 @dataclass
-class DataSpec:
-    """`loader(**kwargs)` returns {x_train, y_train[, x_val, y_val][, baselines]}.
+class Shard:
+    """What a rank-aware loader (`def load(shard, ...)`) is told: which rows are this worker's.
 
-    `layout: streams` keeps row order (stateful sequence streams); `shuffle` reshuffles
-    every epoch from the seed. If the loader accepts a `global_batch_size` argument it is
-    given the job's global batch (stream loaders need it to interleave the streams).
+    `streams` is the range of stream indices it owns with `layout: streams` (its rows of every
+    global batch); a loader returns those streams only, interleaved step by step as a plain
+    loader does for all of them. With `layout: shuffle` it returns any share of the rows (its
+    own files, `rank::num_workers`), reshuffled within the worker every epoch.
     """
 
-    loader: str
+    rank: int
+    num_workers: int
+    batch_size: int  # this worker's rows per step
+    global_batch_size: int
+    streams: range
+
+
+@dataclass
+class DataSpec:
+    """Where the rows come from: an in-memory `loader`, or Ray Data through `dataset`.
+
+    `loader(**kwargs)` returns {x_train, y_train[, x_val, y_val][, baselines]}. It is called
+    once and its arrays are shared by the workers of a node through Ray's object store; a
+    loader with a `shard` argument is called by every worker for its own rows instead (see
+    `Shard`). If the loader accepts a `global_batch_size` argument it is given the job's
+    global batch (stream loaders need it to interleave the streams).
+
+    `dataset(**kwargs)` returns a `ray.data.Dataset` (and `val_dataset(**kwargs)` the
+    validation one); `x` names the feature column(s), `y` the label column(s). Workers read
+    only their share, streamed: with `layout: shuffle` Ray Train's split of each epoch (block
+    order and a buffer of rows reshuffled from the seed and epoch), with `layout: streams` the
+    rows of the streams they own, filtered before they reach the worker (rows carry `stream`
+    and `t` columns, stored in `t`-major order: every `t` for all streams, then the next).
+
+    `layout: streams` keeps row order (stateful sequence streams); `shuffle` reshuffles
+    every epoch from the seed.
+    """
+
+    loader: str | None = None
     kwargs: dict = field(default_factory=dict)
+    dataset: str | None = None
+    val_dataset: str | None = None
+    x: str | list = "x"
+    y: str | list = "y"
     layout: Literal["streams", "shuffle"] = "shuffle"
     check_finite: bool = False
 

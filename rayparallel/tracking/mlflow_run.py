@@ -75,6 +75,7 @@ class MlflowRun:
         notify: Callable[[str], None],
         tags: dict | None = None,
         resume_run_id: str | None = None,
+        inputs: list[dict] | None = None,
     ):
         self.tracking_uri, self.experiment, self.run_name = tracking_uri, experiment, run_name
         self.run_id: str | None = resume_run_id
@@ -91,6 +92,8 @@ class MlflowRun:
         self._queue.append(("start", {}))
         if tags:
             self.set_tags(tags)
+        if inputs:  # the datasets trained on, as mlflow.log_input records them (MLflow keeps one per digest)
+            self._queue.append(("inputs", {"inputs": inputs}))
         self._thread.start()
 
     # -- queueing (never blocks on the network) -------------------------------------------
@@ -206,6 +209,8 @@ class MlflowRun:
             ]
             if metrics:
                 client.log_batch(self.run_id, metrics=metrics)
+        elif kind == "inputs":
+            client.log_inputs(self.run_id, datasets=[_dataset_input(d) for d in payload["inputs"]])
         elif kind == "artifact":
             client.log_artifact(self.run_id, payload["path"], payload["artifact_path"])
         elif kind == "model":
@@ -219,3 +224,19 @@ class MlflowRun:
         self.unlogged_path.parent.mkdir(parents=True, exist_ok=True)
         self.unlogged_path.write_text(json.dumps(mask(unlogged), indent=2, default=str))
         return sorted({kind for kind, _ in left})
+
+
+def _dataset_input(description: dict) -> Any:
+    """One dataset (source, schema, digest, row count) in MLflow's run inputs, with its context tag."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    source = description["source"]
+    dataset = Dataset(
+        name=description["name"],
+        digest=description["digest"],
+        source_type="local" if source.startswith("/") else "code",
+        source=json.dumps({"uri": source}),
+        schema=json.dumps({"columns": description["schema"]}),
+        profile=json.dumps({"num_rows": description["rows"]}),
+    )
+    return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", description["context"])])

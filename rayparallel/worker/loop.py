@@ -24,26 +24,32 @@ from ..model import build_model
 from ..spec import JobSpec
 from ..spec.references import add_search_path
 from ..spec.schema import rank_rows
-from . import outputs, replica, resume, shards
+from . import outputs, replica, resume
 from .cadence import ProgressCadence
 from .callbacks import Callbacks, make_callbacks
+from .feed import DataSource, open_feed
+from .memory import MemoryWatch
 from .step import EpochFigures, Steps
 from .sync import Reducer, clip_after_all_reduce, compress_gradients, configure_threads, make_strategy
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
-OWN_FIGURES = ("samples_per_s", "loss_scale")  # in rayparallel's logs, not in Keras' (callbacks get Keras')
+OWN_FIGURES = (
+    "samples_per_s",
+    "input_wait_fraction",
+    "loss_scale",
+)  # in rayparallel's logs, not in Keras' (callbacks get Keras')
 
 
 def train_loop_per_worker(config: dict) -> None:
     """Entry point handed to Ray Train (`DataParallelTrainer(train_loop_per_worker=...)`)."""
     add_search_path(config["search_path"])
-    WorkerRun(config["spec"], config["actor"], config["output_dir"]).fit()
+    WorkerRun(config["spec"], config["actor"], config["output_dir"], config["source"]).fit()
 
 
 class WorkerRun:
-    def __init__(self, spec: JobSpec, actor: ActorHandle, output_dir: str):
+    def __init__(self, spec: JobSpec, actor: ActorHandle, output_dir: str, source: DataSource):
         import ray
         import ray.train
 
@@ -62,7 +68,9 @@ class WorkerRun:
         local = replica.batch_dependent_variables(spec.model, sizes, spec.train.dtype_policy)
         keras.utils.set_random_seed(spec.train.seed)  # after the probe builds: the replica starts as in one process
         self.global_batch, self.per_worker = spec.train.global_batch_size, sizes[self.rank]
-        self.data = shards.load_data(spec.data, self.global_batch, spec.train.class_weight)
+        self.memory = MemoryWatch()  # before any data: what the worker holds of it is the growth from here
+        self.reducer = reducer = Reducer(self.strategy)
+        self.feed = open_feed(source, spec, self.rank, self.world, reducer.gather)
         self._mark("data_loaded")
         with self.strategy.scope():
             with replica.kept_local(local):
@@ -73,11 +81,10 @@ class WorkerRun:
         compress_gradients(self.optimizer, spec.train.gradient_compression)
         clip_after_all_reduce(self.optimizer)  # after: clipping acts on the summed, cast-back gradient
         self._mark("replica_built")
-        names = outputs.output_names(self.model)
-        self.data.train.y = outputs.targets_by_output(self.data.train.y, names, "train")
-        if self.data.val is not None:
-            self.data.val.y = outputs.targets_by_output(self.data.val.y, names, "val")
-        heads = outputs.make_heads(spec.train, self.model, self.data.train.y)
+        self.output_names = names = outputs.output_names(self.model)
+        heads = outputs.make_heads(
+            spec.train, self.model, outputs.targets_by_output(self.feed.sample_y, names, "train")
+        )
         self.steps = Steps(
             self.strategy,
             self.model,
@@ -88,12 +95,11 @@ class WorkerRun:
             spec.train.loss_scale,
             spec.train.gradient_accumulation_steps,
         )
-        self.reducer = reducer = Reducer(self.strategy)
         self.figures = EpochFigures(self.steps, reducer, self.rank, self.world)
         self.stateful = replica.stateful_layers(self.model)
         rows = rank_rows(self.global_batch, self.world, self.rank)
         self.epoch_state = resume.EpochState(self.steps, reducer, self.stateful, rows, self.global_batch)
-        self.steps_per_epoch = shards.steps_per_epoch(self.data.train.rows, self.global_batch)
+        self.steps_per_epoch = self.feed.steps
         self.cadence = ProgressCadence(self.steps_per_epoch, spec.train.progress_every_n_steps)
         self.decision = SaveDecision(spec.checkpoint)
         made = make_callbacks(spec.train.callbacks, self.rank, output_dir)
@@ -126,6 +132,7 @@ class WorkerRun:
                 "resumed_from_epoch": self.start_epoch,
                 "resumed_from_step": self.start_step,  # steps into the next epoch
                 "world": self.world,
+                "memory": self.memory.figures(),
                 "global_step": self.start_epoch * self.steps_per_epoch + self.start_step,
             }
         )
@@ -154,7 +161,8 @@ class WorkerRun:
             logs["samples_per_s"] = (self.steps_per_epoch - skip) * self.global_batch / seconds
             if self.steps.loss_scale is not None:
                 logs["loss_scale"] = float(self.steps.loss_scale.value.numpy())
-            if self.data.val is not None:
+            logs["input_wait_fraction"] = min(1.0, self.feed.wait_s / seconds)
+            if self.feed.val_steps:
                 logs.update(self.evaluate())
             stop = self._callbacks_epoch_end(epoch, logs)
             self.history.append(logs)
@@ -180,7 +188,8 @@ class WorkerRun:
         self.callbacks.on_train_end(dict(logs))  # EarlyStopping(restore_best_weights) restores here
         weights = self.model.get_weights()  # every rank reads, see resume.snapshot
         # replicas in step hold identical weights: result.json shows each rank's digest
-        ray.get(self.actor.update_worker.remote(self.rank, {"final_weights_sha256": resume.digest(weights)}))
+        figures = {"final_weights_sha256": resume.digest(weights), "memory": self.memory.figures()}
+        ray.get(self.actor.update_worker.remote(self.rank, figures))
         if self.rank == 0:
             self.client.flush()
             epochs = len(self.history)  # train.epochs, or fewer when the run was stopped early
@@ -198,12 +207,12 @@ class WorkerRun:
         save_every = spec.checkpoint.save_freq if isinstance(spec.checkpoint.save_freq, int) else 0
         resume_every = spec.run.resume_every_n_steps or 0
         started = time.perf_counter()
-        order = shards.epoch_order(self.data.train.rows, epoch - 1, spec.data.layout, spec.train.seed)
-        rows = shards.worker_rows(order, self.global_batch, self.rank, self.world)
+        self.feed.wait_s = 0.0
         first = epoch == self.start_epoch + 1
-        for step, (x, y, w) in enumerate(shards.batches(self.data.train, rows, self.per_worker), start=1):
+        for step, (x, y, w) in enumerate(self.feed.train(epoch), start=1):
             if step <= skip:
                 continue
+            y = outputs.targets_by_output(y, self.output_names, "train")
             global_step = (epoch - 1) * steps_per_epoch + step
             train_step = self.steps.step(global_step)
             if first and step == skip + 1:
@@ -280,14 +289,10 @@ class WorkerRun:
         """Validation on every worker's own rows; states reset before and after."""
         replica.reset_states(self.stateful)
         self.steps.reset()
-        val = self.data.val
-        rows = shards.worker_rows(
-            shards.epoch_order(val.rows, 0, "streams", 0), self.global_batch, self.rank, self.world
-        )
-        for x, y, w in shards.batches(val, rows, self.per_worker):
-            self.steps.eval_step(x, y, w)
+        for x, y, w in self.feed.val():
+            self.steps.eval_step(x, outputs.targets_by_output(y, self.output_names, "val"), w)
         replica.reset_states(self.stateful)
-        return self.figures.collect(shards.steps_per_epoch(val.rows, self.global_batch), prefix="val_")
+        return self.figures.collect(self.feed.val_steps, prefix="val_")
 
     def save(self, weights: list, epoch: int, step: int, batch: int, logs: dict) -> None:
         """Same decision on every rank (global logs); only rank 0 ships the weights."""

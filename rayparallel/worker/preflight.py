@@ -2,26 +2,39 @@
 
 A bad builder, loader, data set or checkpoint template then fails in seconds with one line,
 instead of after a cluster start-up with a worker traceback. The same functions run again in
-every worker.
+every worker. The data is what the workers will read: a plain loader's arrays (loaded here,
+once, for the workers to share), a sample of a Ray Data dataset, or rank 0's share from a
+rank-aware loader; never a second full copy.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from ..checkpoint.policy import check_against_metrics
-from ..errors import SpecError
+from ..errors import DataError, SpecError
 from ..model import build_model
 from ..quiet import import_tensorflow
-from ..spec import JobSpec
-from . import outputs, replica, shards
+from ..spec import JobSpec, Shard
+from ..spec.schema import rank_rows
+from . import datasets, outputs, replica, shards
 from .callbacks import callback_classes
+from .feed import DataSource
+
+if TYPE_CHECKING:
+    import keras
 
 
 @dataclass
 class Preflight:
     baselines: dict  # the loader's figures to print beside the model's
     epoch_keys: list[str]  # the history keys each epoch will have
+    source: DataSource  # what the workers read
+    plans: dict = field(default_factory=dict)  # Ray Data: the lazy datasets for Ray Train, by split
+    inputs: list[dict] = field(default_factory=list)  # the datasets as MLflow records them (log_input)
 
 
 def check_accumulation(spec: JobSpec, steps_per_epoch: int) -> None:
@@ -41,21 +54,69 @@ def check_accumulation(spec: JobSpec, steps_per_epoch: int) -> None:
 
 
 def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
-    """Load the data, build the replica at the per-worker batch, resolve optimizer/loss/metrics."""
+    """Load the data (a sample of it for Ray Data, one worker's share for a rank-aware loader), build the
+    replica at the per-worker batch, resolve optimizer/loss/metrics."""
     import_tensorflow(verbose=native_logs)
-    data = shards.load_data(spec.data, spec.train.global_batch_size, spec.train.class_weight)
+    source, plans, inputs, sample_x, y_train, y_val, rows, baselines = _open_data(spec)
     replica.batch_dependent_variables(spec.model, spec.possible_batch_sizes, spec.train.dtype_policy)  # uneven splits
     model = build_model(spec.model, spec.per_worker_batch_size, spec.train.dtype_policy)
+    if sample_x is not None:
+        check_inputs(model, sample_x)
     replica.make_optimizer(spec.train.optimizer)
     names = outputs.output_names(model)
-    y_train = outputs.targets_by_output(data.train.y, names, "train")
-    if data.val is not None:
-        outputs.targets_by_output(data.val.y, names, "val")
+    y_train = outputs.targets_by_output(y_train, names, "train")
+    if y_val is not None:
+        outputs.targets_by_output(y_val, names, "val")
     train_keys = outputs.epoch_keys(outputs.make_heads(spec.train, model, y_train))
-    check_accumulation(spec, shards.steps_per_epoch(data.train.rows, spec.train.global_batch_size))
+    check_accumulation(spec, rows)
     scale = ["loss_scale"] if spec.train.loss_scale else []
-    keys = train_keys + ["samples_per_s"] + scale + ([f"val_{k}" for k in train_keys] if data.val is not None else [])
+    has_val = y_val is not None or bool(source.datasets and source.datasets.val_rows)
+    keys = (
+        train_keys
+        + ["samples_per_s", "input_wait_fraction"]
+        + scale
+        + ([f"val_{k}" for k in train_keys] if has_val else [])
+    )
     callback_classes(spec.train.callbacks)
     if spec.checkpoint.enabled:
         check_against_metrics(spec.checkpoint, epoch_keys=keys, step_keys=["loss"])
-    return Preflight(baselines=data.baselines, epoch_keys=keys)
+    return Preflight(baselines, keys, source, plans, inputs)
+
+
+def _open_data(spec: JobSpec) -> tuple:
+    """The workers' source, and what the checks need: a sample of x, targets, the steps per epoch."""
+    batch = spec.train.global_batch_size
+    if spec.data.dataset is not None:
+        opened = datasets.open_datasets(spec.data, batch, spec.train.seed)
+        sample_x = datasets.features(opened.input.sample, spec.data.x)
+        y = datasets.features(opened.input.sample, spec.data.y)
+        y_val = y if opened.input.val_rows else None
+        rows = opened.input.steps(opened.input.train_rows, batch)
+        return DataSource(datasets=opened.input), opened.plans, opened.descriptions, sample_x, y, y_val, rows, {}
+    if shards.rank_aware(spec.data):  # each worker loads its own rows: check rank 0's share
+        world = spec.scaling.max_workers
+        start, stop = rank_rows(batch, world, 0)
+        shard = Shard(0, world, stop - start, batch, range(start, stop))
+        data = shards.load_data(spec.data, batch, spec.train.class_weight, shard)
+        source, rows = DataSource(rank_aware=True), shards.steps_per_epoch(data.train.rows, shard.batch_size)
+    else:
+        data = shards.load_data(spec.data, batch, spec.train.class_weight)
+        source, rows = DataSource(arrays=data), shards.steps_per_epoch(data.train.rows, batch)
+    y_val = data.val.y if data.val is not None else None
+    return source, {}, [shards.describe_arrays(spec.data, data)], None, data.train.y, y_val, rows, data.baselines
+
+
+def check_inputs(model: keras.Model, x: Any) -> None:
+    """Ray Data columns against the model's inputs: shapes (past the batch) and numbers, not text."""
+    arrays = list(x) if isinstance(x, tuple) else [x]
+    if len(arrays) != len(model.inputs):
+        raise DataError(f"data.x: expected {len(model.inputs)} column(s), one per model input, received {len(arrays)}")
+    for tensor, array in zip(model.inputs, arrays, strict=True):
+        wanted = tuple(tensor.shape[1:])
+        got = tuple(np.shape(array)[1:])
+        fits = len(wanted) == len(got) and all(w is None or w == g for w, g in zip(wanted, got, strict=True))
+        if not fits or not np.issubdtype(np.asarray(array).dtype, np.number):
+            raise DataError(
+                f"data.x: expected rows of shape {wanted} and a numeric dtype for the model input {tensor.name!r}, "
+                f"received rows of shape {got} and dtype {np.asarray(array).dtype}"
+            )

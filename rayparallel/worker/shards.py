@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError, describe
-from ..spec import DataSpec
+from ..spec import DataSpec, Shard
 from ..spec.references import resolve
 from ..spec.schema import rank_rows
 
@@ -44,12 +44,22 @@ class Data:
     baselines: dict
 
 
-def load_data(spec: DataSpec, global_batch_size: int, class_weight: dict | None = None) -> Data:
-    """Call the loader and check that its arrays can feed full global batches."""
+def rank_aware(spec: DataSpec) -> bool:
+    """A loader with a `shard` argument returns one worker's rows (and is called by every worker)."""
+    return "shard" in inspect.signature(resolve(spec.loader, "data.loader")).parameters
+
+
+def load_data(
+    spec: DataSpec, global_batch_size: int, class_weight: dict | None = None, shard: Shard | None = None
+) -> Data:
+    """Call the loader (for one worker's `shard`, if given) and check that its arrays can feed full batches."""
     loader = resolve(spec.loader, "data.loader")
     kwargs = dict(spec.kwargs)
     if "global_batch_size" in inspect.signature(loader).parameters:
         kwargs.setdefault("global_batch_size", global_batch_size)
+    if shard is not None:
+        kwargs["shard"] = shard
+        global_batch_size = shard.batch_size  # its rows feed this worker's batches only
     out = loader(**kwargs)
     if not isinstance(out, dict) or "x_train" not in out or "y_train" not in out:
         got = sorted(out) if isinstance(out, dict) else describe(out)
@@ -73,6 +83,26 @@ def load_data(spec: DataSpec, global_batch_size: int, class_weight: dict | None 
         val = _split(out["x_val"], out["y_val"], "val", global_batch_size, spec.check_finite)
         val.w = _weights(out.get("sample_weight_val"), val, "val")
     return Data(train=train, val=val, baselines=dict(out.get("baselines") or {}))
+
+
+def describe_arrays(spec: DataSpec, data: Data) -> dict:
+    """What MLflow records of a loader's data (`mlflow.log_input`): source, schema, digest, rows."""
+    import hashlib
+
+    digest = hashlib.sha256(repr([spec.loader, spec.kwargs]).encode())
+    schema = {}
+    for prefix, values in (("x", data.train.x), ("y", data.train.y)):
+        for key, array in _leaves(values):
+            schema[prefix + key] = [str(array.dtype), list(array.shape[1:])]
+            digest.update(np.ascontiguousarray(array[:: max(1, len(array) // 64)]).tobytes())  # 64 rows spread out
+    return {
+        "name": f"train: {spec.loader}",
+        "context": "training",
+        "source": spec.loader,
+        "schema": schema,
+        "rows": data.train.rows,
+        "digest": digest.hexdigest()[:10],
+    }
 
 
 def _split(x: Any, y: Any, name: str, global_batch_size: int, check_finite: bool) -> Split:
@@ -162,27 +192,28 @@ def take(x: Any, rows: Any) -> Any:
 def batches(split: Split, rows: np.ndarray, per_worker: int) -> Iterator[tuple[Any, np.ndarray, np.ndarray]]:
     """This worker's rows as full per-worker batches, in step order.
 
-    One gather per epoch, then contiguous views per step, fed straight to the compiled
-    step. No tf.data pipeline: on a busy CPU its background threads (prefetch, autotune)
-    wait for a time slice and stall the step, which halved 2-worker throughput in some
-    epochs here (benchmarks/RESULTS.md).
+    One small gather per step, fed straight to the compiled step: the arrays stay where they
+    are (read-only in Ray's object store, shared by the node's workers), so a worker holds a
+    batch, not its share of the epoch. No tf.data pipeline: on a busy CPU its background
+    threads (prefetch, autotune) wait for a time slice and stall the step, which halved
+    2-worker throughput in some epochs here (benchmarks/RESULTS.md).
     """
-    x, y = take(split.x, rows), take(split.y, rows)
-    w = split.w[rows] if split.w is not None else np.ones(len(rows), "float32")  # x * 1.0 is exact
+    ones = np.ones(per_worker, "float32")  # x * 1.0 is exact
     for start in range(0, len(rows) - per_worker + 1, per_worker):
-        end = start + per_worker
-        yield take(x, slice(start, end)), take(y, slice(start, end)), w[start:end]
+        batch = rows[start : start + per_worker]
+        w = split.w[batch] if split.w is not None else ones
+        yield take(split.x, batch), take(split.y, batch), w
 
 
 def steps_per_epoch(rows: int, global_batch_size: int) -> int:
     return rows // global_batch_size
 
 
-def epoch_order(rows: int, epoch: int, layout: str, seed: int) -> np.ndarray:
+def epoch_order(rows: int, epoch: int, layout: str, seed: int | list[int]) -> np.ndarray:
     """The global row order of one epoch: identity for streams, a seeded permutation otherwise."""
     if layout == "streams":
         return np.arange(rows)
-    return np.random.default_rng([seed, epoch]).permutation(rows)
+    return np.random.default_rng([*np.atleast_1d(seed).tolist(), epoch]).permutation(rows)
 
 
 def worker_rows(order: np.ndarray, global_batch_size: int, rank: int, num_workers: int) -> np.ndarray:

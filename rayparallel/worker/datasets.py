@@ -1,0 +1,265 @@
+"""Ray Data input: the driver opens and checks the datasets, Ray Train hands each worker its share.
+
+The driver calls `data.dataset` (a lazy plan: nothing is read yet), checks it against a
+sample (its first global batch) and counts its rows, reading only the columns the count
+needs. The plan then goes to Ray Train (`DataParallelTrainer(datasets=...)`) with
+`RankShards`, which decides what each worker's `ray.train.get_dataset_shard` streams:
+
+- `layout: shuffle`: Ray's own split (`streaming_split(n, equal=True)`) of the plan with its
+  block order randomized from the seed; each worker also shuffles a buffer of rows from
+  `(seed, epoch, rank)`. Every worker gets the same number of rows, so the same steps.
+- `layout: streams`: worker r's plan is the dataset filtered to the streams it owns, with
+  Ray Data keeping the file and row order (Ray's split hands blocks to whichever worker is
+  free, which would mix streams up). Rows reach a worker only if they are its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import DataError, describe
+from ..spec import DataSpec
+from ..spec.references import resolve
+from ..spec.schema import rank_rows
+
+if TYPE_CHECKING:
+    import ray.data
+    from ray.train import DataConfig
+
+STREAM_COLUMNS = ("stream", "t")
+SHUFFLE_BUFFER_BATCHES = 8  # a worker's local shuffle mixes this many of its batches' rows
+
+
+@dataclass
+class DatasetInput:
+    """What workers need to read their share: the columns, and the counts the driver made."""
+
+    x: str | list[str]
+    y: str | list[str]
+    layout: str
+    seed: int
+    train_rows: int
+    val_rows: int | None  # None: no validation dataset
+    sample: dict[str, np.ndarray]  # the first global batch of training rows, by column
+
+    def steps(self, rows: int | None, global_batch_size: int) -> int:
+        return (rows or 0) // global_batch_size
+
+
+@dataclass
+class OpenedDatasets:
+    """The driver's view: the lazy plans for Ray Train, the counts, a sample, what MLflow records."""
+
+    plans: dict[str, ray.data.Dataset]  # "train" (and "val")
+    input: DatasetInput
+    descriptions: list[dict]
+
+
+def open_datasets(spec: DataSpec, global_batch_size: int, seed: int) -> OpenedDatasets:
+    """Call `data.dataset` (and `data.val_dataset`), check them on a sample, count their rows."""
+    plans, rows, descriptions, sample = {}, {}, [], {}
+    for split, ref in (("train", spec.dataset), ("val", spec.val_dataset)):
+        if ref is None:
+            continue
+        key = "data.dataset" if split == "train" else "data.val_dataset"
+        dataset = _call(ref, key, spec.kwargs)
+        columns = _columns(dataset, key)
+        wanted = _names(spec.x) + _names(spec.y) + (list(STREAM_COLUMNS) if spec.layout == "streams" else [])
+        missing = [c for c in wanted if c not in columns]
+        if missing:
+            raise DataError(f"{key}: expected columns {missing} (data.x, data.y, layout), received columns {columns}")
+        count = _count_streams(dataset, key, global_batch_size) if spec.layout == "streams" else _count(dataset, key)
+        if count < global_batch_size:
+            got = "an empty dataset" if count == 0 else f"{count} rows"
+            raise DataError(f"{key}: expected at least one global batch ({global_batch_size} rows), received {got}")
+        first = _read(lambda d=dataset: d.take_batch(global_batch_size, batch_format="numpy"), key)
+        if spec.layout == "streams":
+            _check_first_step(first, key, global_batch_size)
+        if split == "train":
+            sample = first
+            if spec.layout == "shuffle":
+                dataset = dataset.randomize_block_order(seed=seed)  # a new order each epoch (Ray reseeds per run)
+        plans[split], rows[split] = dataset, count
+        descriptions.append(_description(split, ref, spec.kwargs, first, count))
+    opened = DatasetInput(spec.x, spec.y, spec.layout, seed, rows["train"], rows.get("val"), sample)
+    return OpenedDatasets(plans, opened, descriptions)
+
+
+def features(batch: dict[str, np.ndarray], names: str | list[str]) -> Any:
+    """The column(s) `names` of a batch: one array, or a tuple of them (several inputs/outputs)."""
+    if isinstance(names, str):
+        return batch[names]
+    return tuple(batch[n] for n in names) if len(names) > 1 else batch[names[0]]
+
+
+def shard_batches(
+    shard: Any, opened: DatasetInput, steps: int, per_worker: int, streams: range, shuffle_seed: int | None
+) -> Iterator[tuple[Any, Any, np.ndarray]]:
+    """This worker's `steps` batches of an epoch from its `ray.train.get_dataset_shard` iterator.
+
+    Exactly `steps` batches on every worker, or an error naming the worker: one that ran out
+    would leave the others waiting in the step's all-reduce.
+    """
+    options = {}
+    if shuffle_seed is not None:
+        options = dict(local_shuffle_buffer_size=SHUFFLE_BUFFER_BATCHES * per_worker, local_shuffle_seed=shuffle_seed)
+    batches = shard.iter_batches(batch_size=per_worker, batch_format="numpy", drop_last=True, **options)
+    ones = np.ones(per_worker, "float32")
+    for step in range(steps):
+        batch = next(batches, None)
+        if batch is None:
+            raise DataError(
+                f"data.dataset: expected {steps} batches of {per_worker} rows for the worker of streams/rows "
+                f"{streams.start}-{streams.stop - 1}, received {step} (the dataset changed since it was counted?)"
+            )
+        if opened.layout == "streams":
+            _check_step(batch, streams, step)
+        yield features(batch, opened.x), features(batch, opened.y), ones
+    for _ in batches:  # the rest (under one batch) so Ray's split can start the next epoch
+        pass
+
+
+def rank_shards(layout: str, global_batch_size: int) -> DataConfig:
+    """The `dataset_config` for Ray Train: which rows each worker's dataset shard streams."""
+    from ray.data import ExecutionOptions
+    from ray.train import DataConfig
+
+    class RankShards(DataConfig):
+        def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):  # noqa: ANN001
+            if layout == "shuffle":  # Ray's even split
+                return super().configure(datasets, world_size, worker_handles, worker_node_ids, **kwargs)
+            shards = []
+            for rank in range(world_size):
+                start, stop = rank_rows(global_batch_size, world_size, rank)
+                shards.append({name: own_streams(ds, start, stop).iterator() for name, ds in datasets.items()})
+            return shards
+
+    return RankShards(execution_options=ExecutionOptions(preserve_order=layout == "streams"))
+
+
+def own_streams(dataset: ray.data.Dataset, start: int, stop: int) -> ray.data.Dataset:
+    """The rows of streams `[start, stop)`, in the dataset's order (files by name, rows as stored)."""
+    from ray.data.expressions import col
+
+    owned = dataset.filter(expr=(col("stream") >= start) & (col("stream") < stop))
+    owned.context.execution_options.preserve_order = True
+    return owned
+
+
+def _call(ref: str, key: str, kwargs: dict) -> ray.data.Dataset:
+    import ray.data
+
+    function = resolve(ref, key)
+    dataset = _read(lambda: function(**kwargs), key)
+    if not isinstance(dataset, ray.data.Dataset):
+        raise DataError(f"{key}: expected {ref} to return a ray.data.Dataset, received {describe(dataset)}")
+    return dataset
+
+
+def _read(action: Any, key: str) -> Any:
+    """Run a dataset call: an error in the user's plan (a missing path, a bad map) as one line."""
+    try:
+        return action()
+    except DataError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (the user's reader, any error)
+        first = str(exc).strip().splitlines()
+        cause = exc.__cause__ or exc
+        text = str(cause).strip().splitlines()[0] if str(cause).strip() else (first[0] if first else "")
+        raise DataError(f"{key}: expected a dataset that reads, received {type(cause).__name__}: {text}") from None
+
+
+def _columns(dataset: ray.data.Dataset, key: str) -> list[str]:
+    schema = _read(dataset.schema, key)
+    if schema is None:
+        raise DataError(f"{key}: expected rows with columns, received an empty dataset")
+    return list(schema.names)
+
+
+def _names(value: str | list[str]) -> list[str]:
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _count(dataset: ray.data.Dataset, key: str) -> int:
+    return int(_read(dataset.count, key))
+
+
+def _count_streams(dataset: ray.data.Dataset, key: str, global_batch_size: int) -> int:
+    """One pass over the `stream` and `t` columns only: one stream per row of the global batch, `t` without gaps."""
+    from ray.data.aggregate import Count, Max, Min
+
+    columns = dataset.select_columns(list(STREAM_COLUMNS))
+    figures = _read(lambda: columns.aggregate(Count(), Min("stream"), Max("stream"), Min("t"), Max("t")), key)
+    count = int(figures.get("count()") or 0)
+    if count == 0:
+        raise DataError(
+            f"{key}: expected at least one global batch ({global_batch_size} rows), received an empty dataset"
+        )
+    low, high = int(figures["min(stream)"]), int(figures["max(stream)"])
+    if (low, high) != (0, global_batch_size - 1):
+        raise DataError(
+            f"{key}: expected streams 0..{global_batch_size - 1} (one per row of train.global_batch_size), received "
+            f"streams {low}..{high}"
+        )
+    first_t, last_t = int(figures["min(t)"]), int(figures["max(t)"])
+    steps = last_t - first_t + 1
+    if first_t != 0 or count != global_batch_size * steps:
+        raise DataError(
+            f"{key}: expected every stream at every t from 0 to {last_t} ({global_batch_size * steps} rows), received "
+            f"{count} rows with t from {first_t}: gaps or repeats in t"
+        )
+    return count
+
+
+def _check_first_step(batch: dict, key: str, global_batch_size: int) -> None:
+    """Rows stored `t`-major: all streams at t=0 first, in stream order."""
+    streams, t = batch["stream"].tolist(), batch["t"].tolist()
+    if streams != list(range(global_batch_size)) or set(t) != {0}:
+        raise DataError(
+            f"{key}: expected rows stored t-major (streams 0..{global_batch_size - 1} at t=0 first, then t=1, ...; "
+            f"sort by ['t', 'stream']), received first rows with stream {streams[:6]} and t {t[:6]}"
+        )
+
+
+def _check_step(batch: dict, streams: range, step: int) -> None:
+    if batch["stream"].tolist() != list(streams) or (batch["t"] != step).any():
+        raise DataError(
+            f"data.dataset: expected streams {streams.start}-{streams.stop - 1} at t={step}, received streams "
+            f"{batch['stream'].tolist()[:6]} at t {sorted(set(batch['t'].tolist()))[:6]} (rows not stored t-major?)"
+        )
+
+
+def _description(split: str, ref: str, kwargs: dict, sample: dict, rows: int) -> dict:
+    """What MLflow records of the dataset (`mlflow.log_input`): source, schema, digest, rows."""
+    schema = {name: [str(a.dtype), list(a.shape[1:])] for name, a in sample.items()}
+    source = next((str(v) for v in kwargs.values() if isinstance(v, str) and os.path.exists(v)), ref)
+    text = json.dumps([ref, kwargs, schema, rows, _files_signature(source)], sort_keys=True, default=str)
+    return {
+        "name": f"{split}: {ref}",
+        "context": "training" if split == "train" else "validation",
+        "source": source,
+        "schema": schema,
+        "rows": rows,
+        "digest": hashlib.sha256(text.encode()).hexdigest()[:10],
+    }
+
+
+def _files_signature(path: str) -> list:
+    """Names, sizes and modification times under a path: new data, new digest, without reading it."""
+    if not os.path.exists(path):
+        return []
+    if os.path.isfile(path):
+        return [path, os.path.getsize(path), os.path.getmtime(path)]
+    found = []
+    for root, _, files in os.walk(path):
+        for name in sorted(files):
+            full = os.path.join(root, name)
+            found.append([os.path.relpath(full, path), os.path.getsize(full), int(os.path.getmtime(full))])
+    return sorted(found)

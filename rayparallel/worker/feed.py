@@ -1,0 +1,159 @@
+"""What a worker trains on, batch by batch, wherever its rows live.
+
+The loop sees one interface, `Feed`; three sources stand behind it:
+
+- a plain loader's arrays (`ArrayFeed`), loaded once by the driver and put in Ray's object
+  store, read by every worker of a node without a copy; each worker takes its slice of every
+  global batch (`shards.worker_rows`), so any worker count trains the model one process would;
+- a rank-aware loader's rows (`ArrayFeed` over this worker's own rows): the loader was told
+  the worker's `Shard` and returned only its rows;
+- Ray Data (`DatasetFeed`): this worker's dataset shard, streamed (`datasets.shard_batches`).
+
+`wait_s` adds up the time the loop waited for its next batch (the input pipeline's cost).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import DataError
+from ..spec import JobSpec, Shard
+from ..spec.schema import rank_rows
+from . import datasets, shards
+
+if TYPE_CHECKING:
+    import ray
+
+Batch = tuple[Any, Any, np.ndarray]  # x, y, one weight per row
+
+
+@dataclass
+class DataSource:
+    """What the driver hands the workers (`train_loop_config`): one of the three sources."""
+
+    arrays: shards.Data | ray.ObjectRef | None = None  # a plain loader's arrays (launch puts them in the store)
+    rank_aware: bool = False  # every worker calls the loader for its own rows
+    datasets: datasets.DatasetInput | None = None  # Ray Data: the counts and columns; the plans go to Ray Train
+
+
+def open_feed(
+    source: DataSource, spec: JobSpec, rank: int, world: int, agree: Callable[[list[int]], list[list[int]]]
+) -> Feed:
+    """This worker's feed; `agree` gathers one list of figures from every worker (a collective)."""
+    batch = spec.train.global_batch_size
+    if source.datasets is not None:
+        return DatasetFeed(source.datasets, batch, rank, world)
+    if source.rank_aware:
+        start, stop = rank_rows(batch, world, rank)
+        shard = Shard(rank, world, stop - start, batch, range(start, stop))
+        return own_rows_feed(shards.load_data(spec.data, batch, spec.train.class_weight, shard), spec, shard, agree)
+    import ray
+
+    data = ray.get(source.arrays) if isinstance(source.arrays, ray.ObjectRef) else source.arrays  # zero-copy
+    return ArrayFeed(data, spec.data.layout, spec.train.seed, batch, rank, world)
+
+
+class Feed:
+    steps: int  # training steps per epoch, the same on every worker
+    val_steps: int  # 0: no validation data
+    sample_y: Any  # training targets of some rows, as the source gives them (the heads are checked on them)
+    baselines: dict
+
+    def __init__(self) -> None:
+        self.wait_s = 0.0
+
+    def train(self, epoch: int) -> Iterator[Batch]:
+        return self._timed(self._train(epoch))
+
+    def val(self) -> Iterator[Batch]:
+        return self._timed(self._val())
+
+    def _train(self, epoch: int) -> Iterator[Batch]:
+        raise NotImplementedError
+
+    def _val(self) -> Iterator[Batch]:
+        raise NotImplementedError
+
+    def _timed(self, batches: Iterator[Batch]) -> Iterator[Batch]:
+        while True:
+            started = time.perf_counter()
+            batch = next(batches, None)
+            self.wait_s += time.perf_counter() - started
+            if batch is None:
+                return
+            yield batch
+
+
+class ArrayFeed(Feed):
+    """Arrays in memory: all rows (this worker takes its slice of each global batch) or only its own."""
+
+    def __init__(self, data: shards.Data, layout: str, seed: int | list[int], global_batch: int, rank: int, world: int):
+        super().__init__()
+        self.data, self.layout, self.seed = data, layout, seed
+        self.global_batch, self.rank, self.world = global_batch, rank, world
+        start, stop = rank_rows(global_batch, world, rank)
+        self.per_worker = stop - start
+        self.steps = shards.steps_per_epoch(data.train.rows, global_batch)
+        self.val_steps = shards.steps_per_epoch(data.val.rows, global_batch) if data.val else 0
+        self.sample_y, self.baselines = data.train.y, data.baselines
+
+    def _train(self, epoch: int) -> Iterator[Batch]:
+        order = shards.epoch_order(self.data.train.rows, epoch - 1, self.layout, self.seed)
+        rows = shards.worker_rows(order, self.global_batch, self.rank, self.world)
+        return shards.batches(self.data.train, rows[: self.steps * self.per_worker], self.per_worker)
+
+    def _val(self) -> Iterator[Batch]:
+        rows = shards.worker_rows(np.arange(self.data.val.rows), self.global_batch, self.rank, self.world)
+        return shards.batches(self.data.val, rows[: self.val_steps * self.per_worker], self.per_worker)
+
+
+def own_rows_feed(
+    data: shards.Data, spec: JobSpec, shard: Shard, agree: Callable[[list[int]], list[list[int]]]
+) -> Feed:
+    """A rank-aware loader's rows: every worker runs as many steps as the one with the fewest.
+
+    `agree` gathers one figure per worker (a collective). With streams each worker holds whole
+    streams, so counts that differ mean the loader cut them differently: an error, not a silent cut.
+    """
+    # its rows as the whole data set of a one-worker run with batch b, shuffled from (seed, rank, epoch)
+    feed = ArrayFeed(data, spec.data.layout, [spec.train.seed, shard.rank], shard.batch_size, 0, 1)
+    counts, val_counts = zip(*agree([feed.steps, feed.val_steps]), strict=True)  # by rank
+    if spec.data.layout == "streams" and len(set(counts)) > 1:
+        raise DataError(
+            f"data.loader: expected every worker's shard to give the same number of steps (one per t), "
+            f"received {list(counts)} (by rank)"
+        )
+    feed.steps, feed.val_steps = min(counts), min(val_counts)
+    return feed
+
+
+class DatasetFeed(Feed):
+    """This worker's Ray Data shards (`ray.train.get_dataset_shard`), streamed batch by batch."""
+
+    def __init__(self, opened: datasets.DatasetInput, global_batch: int, rank: int, world: int):
+        import ray.train
+
+        super().__init__()
+        self.opened, self.rank = opened, rank
+        start, stop = rank_rows(global_batch, world, rank)
+        self.streams, self.per_worker = range(start, stop), stop - start
+        self.steps = opened.steps(opened.train_rows, global_batch)
+        self.val_steps = opened.steps(opened.val_rows, global_batch)
+        self.shard = ray.train.get_dataset_shard("train")
+        self.val_shard = ray.train.get_dataset_shard("val") if opened.val_rows else None
+        self.baselines = {}
+        self.sample_y = datasets.features(opened.sample, opened.y)
+
+    def _train(self, epoch: int) -> Iterator[Batch]:
+        shuffle = None
+        if self.opened.layout == "shuffle":
+            shuffle = int(np.random.default_rng([self.opened.seed, epoch, self.rank]).integers(2**31))
+        return datasets.shard_batches(self.shard, self.opened, self.steps, self.per_worker, self.streams, shuffle)
+
+    def _val(self) -> Iterator[Batch]:
+        return datasets.shard_batches(self.val_shard, self.opened, self.val_steps, self.per_worker, self.streams, None)

@@ -173,3 +173,69 @@ def lstm_job(name: str, *overrides: str) -> dict:
     from rayparallel.spec import apply_overrides
 
     return apply_overrides(dict(LSTM_JOB, name=name), overrides)
+
+
+def write_parquet(directory, columns: dict, files: int = 3) -> str:
+    """Columns of rows as `files` parquet files named in row order (Ray Data reads them so)."""
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from ray.data.extensions import ArrowTensorArray
+
+    os.makedirs(directory, exist_ok=True)
+    rows = len(next(iter(columns.values())))
+    cuts = np.linspace(0, rows, files + 1).astype(int)
+    for i, (lo, hi) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
+        table = {
+            k: ArrowTensorArray.from_numpy(v[lo:hi]) if v.ndim > 1 else pa.array(v[lo:hi]) for k, v in columns.items()
+        }
+        pq.write_table(pa.table(table), os.path.join(directory, f"part-{i:03d}.parquet"))
+    return str(directory)
+
+
+def write_sine_streams(directory, global_batch_size: int) -> dict:
+    """`sine_streams` as parquet (train/ and val/), rows t-major with `stream` and `t` columns."""
+    data = sine_streams(global_batch_size)
+    paths = {}
+    for split in ("train", "val"):
+        x, y = data[f"x_{split}"], data[f"y_{split}"]
+        row = np.arange(len(x))
+        columns = {"x": x, "y": y, "stream": row % global_batch_size, "t": row // global_batch_size}
+        paths[split] = write_parquet(f"{directory}/{split}", columns)
+    return paths
+
+
+def parquet_dataset(path: str, split: str = "train", drop: str | None = None, limit: int | None = None):
+    """`data.dataset` for tests: `path/split` as parquet, optionally without a column or cut short."""
+    import ray.data
+
+    dataset = ray.data.read_parquet(f"{path}/{split}")
+    if drop:
+        dataset = dataset.drop_columns([drop])
+    return dataset.limit(limit) if limit is not None else dataset
+
+
+def val_parquet(path: str, **kwargs):
+    return parquet_dataset(path, "val", **kwargs)
+
+
+def not_a_dataset(path: str):
+    return {"path": path}
+
+
+def sine_streams_shard(shard, global_batch_size: int):
+    """A rank-aware loader: only the streams of `shard`, interleaved as `sine_streams` gives all of them."""
+    data = sine_streams(global_batch_size)
+    own = {}
+    for key, array in data.items():
+        streams = array.reshape(-1, global_batch_size, *array.shape[1:])  # (t, stream, ...)
+        own[key] = streams[:, shard.streams.start : shard.streams.stop].reshape(-1, *array.shape[1:])
+    return own
+
+
+def write_rows(directory, rows: int) -> str:
+    """`linear_rows` for `layout: shuffle` as parquet, with each row's number as `row`."""
+    data = linear_rows(rows=rows, val_rows=0)
+    columns = {"x": data["x_train"], "y": data["y_train"], "row": np.arange(rows)}
+    return write_parquet(f"{directory}/train", columns)

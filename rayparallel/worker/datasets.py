@@ -70,6 +70,8 @@ def open_datasets(spec: DataSpec, global_batch_size: int, seed: int) -> OpenedDa
             continue
         key = "data.dataset" if split == "train" else "data.val_dataset"
         dataset = _call(ref, key, spec.kwargs)
+        if spec.layout == "streams":  # read files by name, rows as stored: the sample is the first t
+            dataset.context.execution_options.preserve_order = True
         columns = _columns(dataset, key)
         wanted = _names(spec.x) + _names(spec.y) + (list(STREAM_COLUMNS) if spec.layout == "streams" else [])
         missing = [c for c in wanted if c not in columns]
@@ -110,7 +112,7 @@ def shard_batches(
     options = {}
     if shuffle_seed is not None:
         options = dict(local_shuffle_buffer_size=SHUFFLE_BUFFER_BATCHES * per_worker, local_shuffle_seed=shuffle_seed)
-    batches = shard.iter_batches(batch_size=per_worker, batch_format="numpy", drop_last=True, **options)
+    batches = iter(shard.iter_batches(batch_size=per_worker, batch_format="numpy", drop_last=True, **options))
     ones = np.ones(per_worker, "float32")
     for step in range(steps):
         batch = next(batches, None)
@@ -197,7 +199,7 @@ def _count_streams(dataset: ray.data.Dataset, key: str, global_batch_size: int) 
 
     columns = dataset.select_columns(list(STREAM_COLUMNS))
     figures = _read(lambda: columns.aggregate(Count(), Min("stream"), Max("stream"), Min("t"), Max("t")), key)
-    count = int(figures.get("count()") or 0)
+    count = int((figures or {}).get("count()") or 0)
     if count == 0:
         raise DataError(
             f"{key}: expected at least one global batch ({global_batch_size} rows), received an empty dataset"

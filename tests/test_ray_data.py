@@ -1,0 +1,148 @@
+"""Data that does not fit in one worker: Ray Data shards, rank-aware loaders, the shared loader.
+
+A real local Ray (the session's), small parquet files in a temporary folder, real training.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import yaml
+
+import rayparallel
+from rayparallel.errors import RayParallelError
+
+from .helpers import cli, final_weights, max_relative_error
+from .models import lstm_job, stateful_lstm, write_rows, write_sine_streams
+
+pytestmark = pytest.mark.slow
+
+
+def ray_data_job(name: str, root, *overrides: str) -> dict:
+    """The small stateful LSTM job (global batch 6) reading `root/train` and `root/val` through Ray Data."""
+    spec = lstm_job(name, "mlflow.enabled=false", *overrides)
+    spec["data"] = {
+        "dataset": "tests.models:parquet_dataset",
+        "val_dataset": "tests.models:val_parquet",
+        "kwargs": {"path": str(root)},
+        "layout": "streams",
+    }
+    return spec
+
+
+def test_streams_from_ray_data_and_a_rank_aware_loader_train_the_loader_model(ray_address, tmp_path, mlflow_server):
+    """The same streams from the shared in-memory loader (2 workers), Ray Data (1 and 2 workers) and a
+    rank-aware loader (2 workers): the same weights to 1e-5, the same figures every epoch."""
+    root = tmp_path / "streams"
+    write_sine_streams(root, 6)
+    runs = {
+        "loader": rayparallel.train(
+            lstm_job("loader", "mlflow.enabled=false"), output_dir=tmp_path / "a", verbose=False
+        )
+    }
+    for workers in (1, 2):
+        sets = [f"scaling.num_workers={workers}"]
+        if workers == 2:  # this one also records its datasets in MLflow
+            sets += ["mlflow.enabled=true", f"mlflow.tracking_uri={mlflow_server.uri}"]
+        spec = ray_data_job(f"raydata{workers}", root)
+        runs[f"raydata{workers}"] = rayparallel.train(spec, sets, output_dir=tmp_path / f"r{workers}", verbose=False)
+    shard_spec = lstm_job("shards", "mlflow.enabled=false", "data.loader=tests.models:sine_streams_shard")
+    runs["shards"] = rayparallel.train(shard_spec, output_dir=tmp_path / "s", verbose=False)
+
+    reference = final_weights(runs["loader"].final_weights, stateful_lstm)
+    for name, result in runs.items():
+        assert max_relative_error(final_weights(result.final_weights, stateful_lstm), reference) < 1e-5, name
+        for epoch, logs in enumerate(result.history):
+            for key in ("loss", "mae", "val_loss", "val_mae"):
+                assert logs[key] == pytest.approx(runs["loader"].history[epoch][key], rel=1e-5), (name, key)
+        assert all(w["memory"]["pss_peak_mb"] >= w["memory"]["pss_before_data_mb"] > 0 for w in result.workers)
+    assert [w["batch_shape"] for w in runs["raydata2"].workers] == [w["batch_shape"] for w in runs["loader"].workers]
+
+    from mlflow.tracking import MlflowClient
+
+    run = MlflowClient(mlflow_server.uri).get_run(runs["raydata2"].mlflow["run_id"])
+    inputs = {d.dataset.name: d for d in run.inputs.dataset_inputs}
+    assert set(inputs) == {"train: tests.models:parquet_dataset", "val: tests.models:val_parquet"}
+    train = inputs["train: tests.models:parquet_dataset"]
+    assert '"num_rows": 24' in train.dataset.profile and '"stream"' in train.dataset.schema
+    assert [t.value for t in train.tags] == ["training"]
+
+
+def test_shuffle_from_ray_data_uses_each_row_once_and_finishes_with_uneven_shares(ray_address, tmp_path):
+    """101 rows, global batch 8, 2 workers: every epoch 12 steps on each, no row twice, fewer than 8 left
+    out, a new order each epoch; and a real 2-worker run over them finishes."""
+    from rayparallel.spec import load_spec
+    from rayparallel.worker.datasets import open_datasets, rank_shards, shard_batches
+
+    write_rows(tmp_path, 101)
+    spec = {
+        "name": "shuffled",
+        "model": {"builder": "tests.models:dense_regressor"},
+        "data": {"dataset": "tests.models:parquet_dataset", "kwargs": {"path": str(tmp_path)}, "layout": "shuffle"},
+        "train": {"global_batch_size": 8, "epochs": 2, "seed": 1},
+        "scaling": {"num_workers": 2},
+        "mlflow": {"enabled": False},
+    }
+    job = load_spec(spec, ["data.y=row"])
+    opened = open_datasets(job.data, 8, seed=1)
+    assert opened.input.train_rows == 101
+    iterators = rank_shards("shuffle", 8).configure(opened.plans, 2, None, None)
+    steps = opened.input.steps(101, 8)
+    seen: dict = {}
+
+    def consume(rank: int) -> None:
+        for epoch in (1, 2):
+            batches = shard_batches(
+                iterators[rank]["train"], opened.input, steps, 4, range(0, 4), seed_for(rank, epoch)
+            )
+            seen[rank, epoch] = [int(r) for _, rows, _ in batches for r in rows]
+
+    def seed_for(rank: int, epoch: int) -> int:
+        return 1000 * epoch + rank
+
+    threads = [threading.Thread(target=consume, args=(rank,)) for rank in (0, 1)]
+    [t.start() for t in threads]
+    [t.join(timeout=120) for t in threads]
+    for epoch in (1, 2):
+        rows = seen[0, epoch] + seen[1, epoch]
+        assert len(seen[0, epoch]) == len(seen[1, epoch]) == steps * 4 == 48
+        assert len(set(rows)) == len(rows) and set(rows) <= set(range(101))
+        assert 101 - len(rows) < 8
+    assert seen[0, 1] + seen[1, 1] != seen[0, 2] + seen[1, 2]
+
+    result = rayparallel.train(spec, output_dir=tmp_path / "run", verbose=False)
+    assert [len(result.history)] == [2] and all(np.isfinite(h["loss"]) for h in result.history)
+    assert result.history[-1]["loss"] < result.history[0]["loss"] * 1.5
+
+
+def test_bad_ray_data_input_is_one_line_before_training(ray_address, tmp_path):
+    root = tmp_path / "streams"
+    write_sine_streams(root, 6)
+    rows = tmp_path / "rows"
+    write_rows(rows, 40)
+    cases = [
+        (
+            ["data.dataset=tests.models:not_a_dataset"],
+            "data.dataset: expected tests.models:not_a_dataset to return a ray.data.Dataset",
+        ),
+        (["data.kwargs.drop=t"], "data.dataset: expected columns ['t']"),
+        (["data.x=y"], "data.x: expected rows of shape (5, 2)"),
+        (["train.global_batch_size=4"], "data.dataset: expected streams 0..3"),
+        (["data.kwargs.limit=20"], "gaps or repeats in t"),
+        (["data.kwargs.limit=0"], "received an empty dataset"),
+        ([f"data.kwargs.path={tmp_path / 'nowhere'}"], "data.dataset: expected a dataset that reads, received"),
+        ([f"data.kwargs.path={rows}", "data.val_dataset=null"], "expected columns ['stream', 't']"),
+    ]
+    for overrides, expected in cases:
+        with pytest.raises(RayParallelError) as caught:
+            rayparallel.validate(ray_data_job("bad", root), overrides)
+        message = str(caught.value)
+        assert expected in message and "\n" not in message, (overrides, message)
+
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(ray_data_job("bad", root)))
+    run = cli("train", str(job_file), "--set", "data.kwargs.drop=stream", env={"RAY_ADDRESS": ray_address})
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert run.stderr.strip().splitlines()[-1].startswith("rayparallel: error: data.dataset: expected columns ['stream']")

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from jobs.parquet import read_split, write_splits
+
 CSV = Path(__file__).parent / "data" / "co2_mauna_loa_weekly.csv"
 
 
@@ -71,3 +73,28 @@ def as_streams(features: np.ndarray, target: np.ndarray, streams: int, window: i
     f = f.reshape(streams, windows, window, -1).transpose(1, 0, 2, 3).reshape(-1, window, f.shape[-1])
     y = y.reshape(streams, windows, window).transpose(1, 0, 2).reshape(-1, window, 1)
     return f.astype("float32"), y.astype("float32")
+
+
+def streams(path: str):
+    """`data.dataset` of jobs/stateful_lstm_parquet.yaml: rows with `stream` and `t`, stored t-major."""
+    return read_split(path, "train")
+
+
+def val_streams(path: str):
+    return read_split(path, "val")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write the CO2 streams as parquet files for Ray Data")
+    parser.add_argument("--write-data", required=True, metavar="DIR")
+    parser.add_argument("--global-batch-size", type=int, default=8, help="the number of streams")
+    args = parser.parse_args()
+    arrays = load_data(args.global_batch_size)
+    b = args.global_batch_size
+    extra = {
+        s: {"stream": np.arange(len(arrays[f"y_{s}"])) % b, "t": np.arange(len(arrays[f"y_{s}"])) // b}
+        for s in ("train", "val")
+    }
+    write_splits(args.write_data, arrays, files=4, extra=extra)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from jobs.parquet import read_split, write_splits
+
 
 def build_model(batch_size: int, size: int = 32, filters: int = 8):
     import keras
@@ -46,3 +48,22 @@ def load_data(samples: int = 512, size: int = 32, val_fraction: float = 0.25, se
     cut = int(samples * (1 - val_fraction))
     x, y = images[..., None], masks[..., None]
     return {"x_train": x[:cut], "y_train": y[:cut], "x_val": x[cut:], "y_val": y[cut:]}
+
+
+def images(path: str):
+    """`data.dataset` of jobs/unet_segmentation_raydata.yaml: the image/mask files `--write-data` wrote."""
+    return read_split(path, "train")
+
+
+def val_images(path: str):
+    return read_split(path, "val")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write the shapes data set as parquet files for Ray Data")
+    parser.add_argument("--write-data", required=True, metavar="DIR")
+    parser.add_argument("--samples", type=int, default=512)
+    args = parser.parse_args()
+    write_splits(args.write_data, load_data(samples=args.samples), files=8)

@@ -68,6 +68,10 @@ def test_run_is_complete_in_a_real_server_and_leaks_no_credential(
     assert {"job.yaml", "result.json", "checkpoints"} <= top
     ckpts = {a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")}
     assert {"checkpoints/epoch-003.weights.h5", "checkpoints/final.weights.h5", "checkpoints/manifest.json"} <= ckpts
+    (trained_on,) = run.inputs.dataset_inputs  # mlflow.log_input: source, schema, digest, rows
+    assert trained_on.dataset.name == "train: tests.models:sine_streams" and len(trained_on.dataset.digest) == 10
+    assert '"num_rows": 24' in trained_on.dataset.profile and '"x": ["float32", [5, 2]]' in trained_on.dataset.schema
+    assert [(t.key, t.value) for t in trained_on.tags] == [("mlflow.data.context", "training")]
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)  # for models:/ below
     model_id = run.outputs.model_outputs[0].model_id

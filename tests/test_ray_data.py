@@ -9,12 +9,11 @@ import threading
 
 import numpy as np
 import pytest
-import yaml
 
 import rayparallel
 from rayparallel.errors import RayParallelError
 
-from .helpers import cli, final_weights, max_relative_error
+from .helpers import final_weights, max_relative_error
 from .models import lstm_job, stateful_lstm, write_rows, write_sine_streams
 
 pytestmark = pytest.mark.slow
@@ -32,7 +31,7 @@ def ray_data_job(name: str, root, *overrides: str) -> dict:
     return spec
 
 
-def test_streams_from_ray_data_and_a_rank_aware_loader_train_the_loader_model(ray_address, tmp_path, mlflow_server):
+def test_streams_from_ray_data_and_a_rank_aware_loader_train_the_loader_model(ray_address, tmp_path):
     """The same streams from the shared in-memory loader (2 workers), Ray Data (1 and 2 workers) and a
     rank-aware loader (2 workers): the same weights to 1e-5, the same figures every epoch."""
     root = tmp_path / "streams"
@@ -43,14 +42,12 @@ def test_streams_from_ray_data_and_a_rank_aware_loader_train_the_loader_model(ra
         )
     }
     for workers in (1, 2):
-        sets = [f"scaling.num_workers={workers}"]
-        if workers == 2:  # this one also records its datasets in MLflow
-            sets += ["mlflow.enabled=true", f"mlflow.tracking_uri={mlflow_server.uri}"]
-        spec = ray_data_job(f"raydata{workers}", root)
-        runs[f"raydata{workers}"] = rayparallel.train(spec, sets, output_dir=tmp_path / f"r{workers}", verbose=False)
+        spec = ray_data_job(f"raydata{workers}", root, f"scaling.num_workers={workers}")
+        runs[f"raydata{workers}"] = rayparallel.train(spec, output_dir=tmp_path / f"r{workers}", verbose=False)
     shard_spec = lstm_job("shards", "mlflow.enabled=false", "data.loader=tests.models:sine_streams_shard")
     runs["shards"] = rayparallel.train(shard_spec, output_dir=tmp_path / "s", verbose=False)
 
+    print("seconds:", {name: round(result.seconds, 1) for name, result in runs.items()})
     reference = final_weights(runs["loader"].final_weights, stateful_lstm)
     for name, result in runs.items():
         assert max_relative_error(final_weights(result.final_weights, stateful_lstm), reference) < 1e-5, name
@@ -59,15 +56,6 @@ def test_streams_from_ray_data_and_a_rank_aware_loader_train_the_loader_model(ra
                 assert logs[key] == pytest.approx(runs["loader"].history[epoch][key], rel=1e-5), (name, key)
         assert all(w["memory"]["pss_peak_mb"] >= w["memory"]["pss_before_data_mb"] > 0 for w in result.workers)
     assert [w["batch_shape"] for w in runs["raydata2"].workers] == [w["batch_shape"] for w in runs["loader"].workers]
-
-    from mlflow.tracking import MlflowClient
-
-    run = MlflowClient(mlflow_server.uri).get_run(runs["raydata2"].mlflow["run_id"])
-    inputs = {d.dataset.name: d for d in run.inputs.dataset_inputs}
-    assert set(inputs) == {"train: tests.models:parquet_dataset", "val: tests.models:val_parquet"}
-    train = inputs["train: tests.models:parquet_dataset"]
-    assert '"num_rows": 24' in train.dataset.profile and '"stream"' in train.dataset.schema
-    assert [t.value for t in train.tags] == ["training"]
 
 
 def test_shuffle_from_ray_data_uses_each_row_once_and_finishes_with_uneven_shares(ray_address, tmp_path):
@@ -81,13 +69,16 @@ def test_shuffle_from_ray_data_uses_each_row_once_and_finishes_with_uneven_share
         "name": "shuffled",
         "model": {"builder": "tests.models:dense_regressor"},
         "data": {"dataset": "tests.models:parquet_dataset", "kwargs": {"path": str(tmp_path)}, "layout": "shuffle"},
-        "train": {"global_batch_size": 8, "epochs": 2, "seed": 1},
+        "train": {"global_batch_size": 8, "epochs": 1, "seed": 1},
         "scaling": {"num_workers": 2},
         "mlflow": {"enabled": False},
     }
     job = load_spec(spec, ["data.y=row"])
     opened = open_datasets(job.data, 8, seed=1)
     assert opened.input.train_rows == 101
+    (described,) = opened.descriptions  # what MLflow records
+    assert described["rows"] == 101 and described["schema"]["x"] == ["float32", [4]]
+    assert described["source"] == str(tmp_path) and len(described["digest"]) == 10
     iterators = rank_shards("shuffle", 8).configure(opened.plans, 2, None, None)
     steps = opened.input.steps(101, 8)
     seen: dict = {}
@@ -113,8 +104,8 @@ def test_shuffle_from_ray_data_uses_each_row_once_and_finishes_with_uneven_share
     assert seen[0, 1] + seen[1, 1] != seen[0, 2] + seen[1, 2]
 
     result = rayparallel.train(spec, output_dir=tmp_path / "run", verbose=False)
-    assert [len(result.history)] == [2] and all(np.isfinite(h["loss"]) for h in result.history)
-    assert result.history[-1]["loss"] < result.history[0]["loss"] * 1.5
+    assert len(result.history) == 1 and np.isfinite(result.history[0]["loss"])
+    assert [w["batch_shape"] for w in result.workers] == [[[4, 4]], [[4, 4]]]
 
 
 def test_bad_ray_data_input_is_one_line_before_training(ray_address, tmp_path):
@@ -140,9 +131,3 @@ def test_bad_ray_data_input_is_one_line_before_training(ray_address, tmp_path):
             rayparallel.validate(ray_data_job("bad", root), overrides)
         message = str(caught.value)
         assert expected in message and "\n" not in message, (overrides, message)
-
-    job_file = tmp_path / "job.yaml"
-    job_file.write_text(yaml.safe_dump(ray_data_job("bad", root)))
-    run = cli("train", str(job_file), "--set", "data.kwargs.drop=stream", env={"RAY_ADDRESS": ray_address})
-    assert run.returncode == 2, run.stderr[-2000:]
-    assert run.stderr.strip().splitlines()[-1].startswith("rayparallel: error: data.dataset: expected columns ['stream']")

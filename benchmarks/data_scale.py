@@ -1,0 +1,194 @@
+"""Memory and speed of the data paths: Ray Data shards against the shared in-memory loader.
+
+    python -m benchmarks.data_scale [--quick] [--json PATH] [--keep DIR]
+
+Writes a synthetic regression dataset (4 GiB, or 1 GiB with --quick) as parquet files in a
+temporary folder, then trains the same model on it twice on 2 workers, 2 epochs each, in one
+local Ray: through Ray Data (`data.dataset`) and through the in-memory loader (`data.loader`,
+the same rows generated from the same seed). It reports:
+
+- dataset_bytes: the rows as arrays in memory (features and labels);
+- data_pss_per_worker_over_dataset: Ray Data run, the largest over the workers of (peak PSS
+  minus PSS before any data) over dataset_bytes (result.json `workers[].memory`);
+- inmemory_data_pss_node_over_dataset: in-memory run, the same growth summed over the two
+  workers, the raylet (Ray's object store lives in it) and this driver, over dataset_bytes;
+  PSS counts a page shared by k processes as 1/k in each, so the sum is what the node pays;
+- raydata_vs_inmemory_throughput: samples/s of the last epoch, Ray Data over in-memory;
+- input_wait_fraction: the Ray Data run's last epoch, the share of the epoch rank 0 waited
+  for its next batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+FEATURES = 256
+ROWS_PER_FILE = 65536  # 64 MiB of features a file
+GLOBAL_BATCH = 1024
+
+
+def build_model(batch_size: int, features: int = FEATURES):
+    import keras
+
+    inputs = keras.Input(batch_shape=(batch_size, features))
+    hidden = keras.layers.Dense(16, activation="relu")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(1)(hidden))
+
+
+def _chunk(index: int, rows: int, features: int) -> tuple[np.ndarray, np.ndarray]:
+    """File `index`'s rows: the same from the writer and the loader."""
+    rng = np.random.default_rng(index)
+    x = rng.standard_normal((rows, features), dtype="float32")
+    y = (x[:, :8].sum(axis=1, keepdims=True) + 0.1 * rng.standard_normal((rows, 1), dtype="float32")).astype("float32")
+    return x, y
+
+
+def load_arrays(files: int, features: int = FEATURES) -> dict:
+    """The in-memory loader: every row, generated as the files were written."""
+    x = np.empty((files * ROWS_PER_FILE, features), "float32")
+    y = np.empty((files * ROWS_PER_FILE, 1), "float32")
+    for i in range(files):
+        rows = slice(i * ROWS_PER_FILE, (i + 1) * ROWS_PER_FILE)
+        x[rows], y[rows] = _chunk(i, ROWS_PER_FILE, features)
+    return {"x_train": x, "y_train": y}
+
+
+def read_dataset(path: str):
+    """`data.dataset`: the parquet folder, read as Ray Data streams it."""
+    import ray.data
+
+    return ray.data.read_parquet(path)
+
+
+def write_dataset(folder: Path, files: int, features: int = FEATURES) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from ray.data.extensions import ArrowTensorArray
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(files):
+        x, y = _chunk(i, ROWS_PER_FILE, features)
+        table = pa.table({"x": ArrowTensorArray.from_numpy(x), "y": ArrowTensorArray.from_numpy(y)})
+        pq.write_table(table, folder / f"part-{i:04d}.parquet", compression="none")
+        print(f"  wrote {i + 1}/{files} files", end="\r", flush=True)
+    print()
+    return files * ROWS_PER_FILE * (features + 1) * 4
+
+
+class PssPeaks:
+    """The growth of PSS over a baseline for some processes, sampled every 0.2 s until stopped."""
+
+    def __init__(self, pids: dict[str, int]):
+        from rayparallel.worker.memory import pss_bytes
+
+        self._read = pss_bytes
+        self.before = {name: pss_bytes(pid) or 0 for name, pid in pids.items()}
+        self.peak = dict(self.before)
+        self._pids, self._stop = pids, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.2):
+            for name, pid in self._pids.items():
+                self.peak[name] = max(self.peak[name], self._read(pid) or 0)
+
+    def growth(self) -> dict[str, int]:
+        self._stop.set()
+        self._thread.join()
+        return {name: self.peak[name] - self.before[name] for name in self._pids}
+
+
+def job(name: str, data: dict) -> dict:
+    return {
+        "name": name,
+        "model": {"builder": "benchmarks.data_scale:build_model"},
+        "data": {**data, "layout": "shuffle"},
+        "train": {"global_batch_size": GLOBAL_BATCH, "epochs": 2, "seed": 0, "optimizer": "adam"},
+        "scaling": {"num_workers": 2},
+        "checkpoint": {"enabled": False},
+        "mlflow": {"enabled": False},
+    }
+
+
+def worker_growth(result) -> list[float]:
+    """Each worker's PSS growth from before its data to its peak, in bytes."""
+    return [(w["memory"]["pss_peak_mb"] - w["memory"]["pss_before_data_mb"]) * 2**20 for w in result.workers]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1 GiB instead of 4 GiB")
+    parser.add_argument("--json", help="write the figures here too")
+    parser.add_argument("--keep", help="write the dataset here and keep it (default: a temporary folder)")
+    args = parser.parse_args()
+
+    import os
+
+    import ray
+
+    import rayparallel
+
+    files = 16 if args.quick else 64
+    root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="rayparallel-data-scale-"))
+    started = time.time()
+    print(f"data_scale: writing {files} parquet files to {root}")
+    dataset_bytes = write_dataset(root / "rows", files)
+    os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{root}/mlflow.db")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        raylet = ray._private.worker._global_node.all_processes["raylet"][0].process.pid  # the object store's process
+
+        print("data_scale: in-memory loader, 2 workers")
+        peaks = PssPeaks({"driver": os.getpid(), "raylet": raylet})
+        loader = job("data-scale-inmemory", {"loader": "benchmarks.data_scale:load_arrays", "kwargs": {"files": files}})
+        inmemory = rayparallel.train(loader, output_dir=root / "inmemory", verbose=False)
+        node = peaks.growth()
+
+        print("data_scale: Ray Data, 2 workers")
+        streamed = job(
+            "data-scale-raydata",
+            {"dataset": "benchmarks.data_scale:read_dataset", "kwargs": {"path": str(root / "rows")}},
+        )
+        raydata = rayparallel.train(streamed, output_dir=root / "raydata", verbose=False)
+    finally:
+        ray.shutdown()
+
+    figures = {
+        "dataset_bytes": dataset_bytes,
+        "data_pss_per_worker_over_dataset": round(max(worker_growth(raydata)) / dataset_bytes, 4),
+        "inmemory_data_pss_node_over_dataset": round(
+            (sum(worker_growth(inmemory)) + sum(node.values())) / dataset_bytes, 4
+        ),
+        "raydata_vs_inmemory_throughput": round(
+            raydata.history[-1]["samples_per_s"] / inmemory.history[-1]["samples_per_s"], 4
+        ),
+        "input_wait_fraction": round(raydata.history[-1]["input_wait_fraction"], 4),
+        "details": {
+            "rows": files * ROWS_PER_FILE,
+            "global_batch_size": GLOBAL_BATCH,
+            "inmemory_worker_growth_mb": [round(b / 2**20) for b in worker_growth(inmemory)],
+            "inmemory_driver_raylet_growth_mb": {k: round(v / 2**20) for k, v in node.items()},
+            "raydata_worker_growth_mb": [round(b / 2**20) for b in worker_growth(raydata)],
+            "samples_per_s": {
+                "inmemory": inmemory.history[-1]["samples_per_s"],
+                "raydata": raydata.history[-1]["samples_per_s"],
+            },
+            "inmemory_input_wait_fraction": inmemory.history[-1]["input_wait_fraction"],
+            "seconds": round(time.time() - started, 1),
+        },
+    }
+    print(json.dumps(figures, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

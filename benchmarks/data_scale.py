@@ -10,9 +10,10 @@ the same rows generated from the same seed). It reports:
 - dataset_bytes: the rows as arrays in memory (features and labels);
 - data_pss_per_worker_over_dataset: Ray Data run, the largest over the workers of (peak PSS
   minus PSS before any data) over dataset_bytes (result.json `workers[].memory`);
-- inmemory_data_pss_node_over_dataset: in-memory run, the same growth summed over the two
-  workers, the raylet (Ray's object store lives in it) and this driver, over dataset_bytes;
-  PSS counts a page shared by k processes as 1/k in each, so the sum is what the node pays;
+- inmemory_data_pss_node_over_dataset: in-memory run, the object store's copy of the arrays
+  (dataset_bytes, once for the node) plus each worker's growth outside the object store
+  (result.json `pss_object_store_mb`: its share of the store's pages, which PSS splits among
+  the processes that map them), over dataset_bytes;
 - raydata_vs_inmemory_throughput: samples/s of the last epoch, Ray Data over in-memory;
 - input_wait_fraction: the Ray Data run's last epoch, the share of the epoch rank 0 waited
   for its next batch.
@@ -23,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -82,30 +82,6 @@ def write_dataset(folder: Path, files: int, features: int = FEATURES) -> int:
     return files * ROWS_PER_FILE * (features + 1) * 4
 
 
-class PssPeaks:
-    """The growth of PSS over a baseline for some processes, sampled every 0.2 s until stopped."""
-
-    def __init__(self, pids: dict[str, int]):
-        from rayparallel.worker.memory import pss_bytes
-
-        self._read = pss_bytes
-        self.before = {name: pss_bytes(pid) or 0 for name, pid in pids.items()}
-        self.peak = dict(self.before)
-        self._pids, self._stop = pids, threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.2):
-            for name, pid in self._pids.items():
-                self.peak[name] = max(self.peak[name], self._read(pid) or 0)
-
-    def growth(self) -> dict[str, int]:
-        self._stop.set()
-        self._thread.join()
-        return {name: self.peak[name] - self.before[name] for name in self._pids}
-
-
 def job(name: str, data: dict) -> dict:
     return {
         "name": name,
@@ -118,9 +94,15 @@ def job(name: str, data: dict) -> dict:
     }
 
 
-def worker_growth(result) -> list[float]:
-    """Each worker's PSS growth from before its data to its peak, in bytes."""
-    return [(w["memory"]["pss_peak_mb"] - w["memory"]["pss_before_data_mb"]) * 2**20 for w in result.workers]
+def worker_growth(result, without_object_store: bool = False) -> list[float]:
+    """Each worker's PSS growth from before its data to its peak, in bytes; optionally without its share of
+    the object store's pages (which the node pays once, as the object's size)."""
+    growth = []
+    for worker in result.workers:
+        memory = worker["memory"]
+        shared = memory["pss_object_store_mb"] if without_object_store else 0.0
+        growth.append((memory["pss_peak_mb"] - memory["pss_before_data_mb"] - shared) * 2**20)
+    return growth
 
 
 def main() -> None:
@@ -142,15 +124,12 @@ def main() -> None:
     print(f"data_scale: writing {files} parquet files to {root}")
     dataset_bytes = write_dataset(root / "rows", files)
     os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{root}/mlflow.db")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    # 2 workers and 1 CPU for Ray Data's tasks (rayparallel's own local Ray leaves one too)
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     try:
-        raylet = ray._private.worker._global_node.all_processes["raylet"][0].process.pid  # the object store's process
-
         print("data_scale: in-memory loader, 2 workers")
-        peaks = PssPeaks({"driver": os.getpid(), "raylet": raylet})
         loader = job("data-scale-inmemory", {"loader": "benchmarks.data_scale:load_arrays", "kwargs": {"files": files}})
         inmemory = rayparallel.train(loader, output_dir=root / "inmemory", verbose=False)
-        node = peaks.growth()
 
         print("data_scale: Ray Data, 2 workers")
         streamed = job(
@@ -164,8 +143,9 @@ def main() -> None:
     figures = {
         "dataset_bytes": dataset_bytes,
         "data_pss_per_worker_over_dataset": round(max(worker_growth(raydata)) / dataset_bytes, 4),
+        # the object store holds the arrays once (dataset_bytes), whichever processes map its pages
         "inmemory_data_pss_node_over_dataset": round(
-            (sum(worker_growth(inmemory)) + sum(node.values())) / dataset_bytes, 4
+            (dataset_bytes + sum(worker_growth(inmemory, without_object_store=True))) / dataset_bytes, 4
         ),
         "raydata_vs_inmemory_throughput": round(
             raydata.history[-1]["samples_per_s"] / inmemory.history[-1]["samples_per_s"], 4
@@ -175,7 +155,9 @@ def main() -> None:
             "rows": files * ROWS_PER_FILE,
             "global_batch_size": GLOBAL_BATCH,
             "inmemory_worker_growth_mb": [round(b / 2**20) for b in worker_growth(inmemory)],
-            "inmemory_driver_raylet_growth_mb": {k: round(v / 2**20) for k, v in node.items()},
+            "inmemory_worker_growth_outside_object_store_mb": [
+                round(b / 2**20) for b in worker_growth(inmemory, without_object_store=True)
+            ],
             "raydata_worker_growth_mb": [round(b / 2**20) for b in worker_growth(raydata)],
             "samples_per_s": {
                 "inmemory": inmemory.history[-1]["samples_per_s"],

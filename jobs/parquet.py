@@ -29,7 +29,15 @@ def write_splits(directory: str, arrays: dict, files: int, extra: dict | None = 
         print(f"wrote {rows} {split} rows to {folder} ({files} files)")
 
 
-def read_split(path: str, split: str):
+def train_split(path: str):
+    """`data.dataset` of the examples: `path/train`'s parquet files, as Ray Data streams them."""
     import ray.data
 
-    return ray.data.read_parquet(str(Path(path).resolve() / split))  # here: Ray reads elsewhere
+    return ray.data.read_parquet(str(Path(path).resolve() / "train"))  # resolved here: Ray reads elsewhere
+
+
+def val_split(path: str):
+    """`data.val_dataset` of the examples: `path/val`."""
+    import ray.data
+
+    return ray.data.read_parquet(str(Path(path).resolve() / "val"))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jobs.parquet import read_split, write_splits
+from jobs.parquet import write_splits
 
 CSV = Path(__file__).parent / "data" / "co2_mauna_loa_weekly.csv"
 
@@ -73,15 +73,6 @@ def as_streams(features: np.ndarray, target: np.ndarray, streams: int, window: i
     f = f.reshape(streams, windows, window, -1).transpose(1, 0, 2, 3).reshape(-1, window, f.shape[-1])
     y = y.reshape(streams, windows, window).transpose(1, 0, 2).reshape(-1, window, 1)
     return f.astype("float32"), y.astype("float32")
-
-
-def streams(path: str):
-    """`data.dataset` of jobs/stateful_lstm_parquet.yaml: rows with `stream` and `t`, stored t-major."""
-    return read_split(path, "train")
-
-
-def val_streams(path: str):
-    return read_split(path, "val")
 
 
 if __name__ == "__main__":

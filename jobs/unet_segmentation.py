@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jobs.parquet import read_split, write_splits
+from jobs.parquet import write_splits
 
 
 def build_model(batch_size: int, size: int = 32, filters: int = 8):
@@ -48,15 +48,6 @@ def load_data(samples: int = 512, size: int = 32, val_fraction: float = 0.25, se
     cut = int(samples * (1 - val_fraction))
     x, y = images[..., None], masks[..., None]
     return {"x_train": x[:cut], "y_train": y[:cut], "x_val": x[cut:], "y_val": y[cut:]}
-
-
-def images(path: str):
-    """`data.dataset` of jobs/unet_segmentation_raydata.yaml: the image/mask files `--write-data` wrote."""
-    return read_split(path, "train")
-
-
-def val_images(path: str):
-    return read_split(path, "val")
 
 
 if __name__ == "__main__":

@@ -145,9 +145,9 @@ def _ray_for_checks(job: JobSpec, worker_logs: bool) -> Iterator[None]:
         return
     import ray
 
-    from .cluster.connect import connect, quiet_ray_data
+    from .cluster.connect import DATA_CPUS, connect, quiet_ray_data
 
-    started = connect(worker_logs)
+    started = connect(worker_logs, data_cpus=DATA_CPUS)
     quiet_ray_data(worker_logs)
     try:
         yield

@@ -17,7 +17,10 @@ WORKER_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
 _PRINT_HANDLER = "ray_print_logs"  # the name ray.init(log_to_driver=True) gives its printer
 
 
-def connect(worker_logs: bool = False) -> bool:
+DATA_CPUS = 1  # Ray Data jobs: logical CPUs left beside the workers for its read and map tasks
+
+
+def connect(worker_logs: bool = False, data_cpus: int = 0) -> bool:
     """Join the cluster in `RAY_ADDRESS` (set inside `ray job submit`) or start a local Ray.
 
     Worker and actor output reaches this console only with `worker_logs` (TensorFlow and Ray
@@ -37,6 +40,8 @@ def connect(worker_logs: bool = False) -> bool:
                 f"RAY_ADDRESS: expected a running Ray cluster, received {address!r} ({exc})"
             ) from None
         return False
+    if data_cpus:  # the workers take a CPU each: Ray Data's tasks would wait for one forever
+        quiet["num_cpus"] = (os.cpu_count() or 1) + data_cpus
     ray.init(address="local", runtime_env=env, log_to_driver=worker_logs, **quiet)  # never a stale `ray start`
     return True
 
@@ -81,12 +86,21 @@ def worker_need(spec: JobSpec) -> dict[str, float]:
 def check_capacity(spec: JobSpec) -> None:
     """Fail fast when the (non-autoscaling) cluster cannot hold the workers: Ray would wait forever."""
     available = ray.cluster_resources()
-    for resource, amount in worker_need(spec).items():
+    need = worker_need(spec)
+    for resource, amount in need.items():
         total = amount * spec.scaling.min_workers  # an elastic run starts with what there is, at least min
         if total > available.get(resource, 0) + 1e-9:
             raise RayParallelError(
                 f"scaling: expected the cluster to have {total:g} {resource} for {spec.scaling.min_workers} workers "
                 f"x {amount:g}, received a cluster with {available.get(resource, 0):g} {resource}"
+            )
+    if spec.data.dataset is not None:
+        workers_cpu = need["CPU"] * spec.scaling.max_workers
+        if available.get("CPU", 0) < workers_cpu + DATA_CPUS - 1e-9:
+            raise RayParallelError(
+                f"scaling: expected at least {DATA_CPUS} CPU beyond the workers' {workers_cpu:g} for Ray Data's "
+                f"tasks (data.dataset), received a cluster with {available.get('CPU', 0):g} CPU; use fewer workers "
+                "or scaling.resources_per_worker.CPU below 1"
             )
 
 

@@ -24,6 +24,22 @@ def pss_bytes(pid: int | None = None) -> int | None:
     return None
 
 
+def object_store_pss_bytes(pid: int | None = None) -> int | None:
+    """The part of a process's PSS in Ray's object store (its /dev/shm/plasma* mapping): shared pages."""
+    total, inside = 0, False
+    try:
+        with open(f"/proc/{pid or os.getpid()}/smaps") as smaps:
+            for line in smaps:
+                fields = line.split()
+                if fields and "-" in fields[0] and not fields[0].endswith(":"):  # a mapping's header line
+                    inside = len(fields) > 5 and "plasma" in fields[5]
+                elif inside and fields[0] == "Pss:":
+                    total += int(fields[1]) * 1024
+    except OSError:
+        return None
+    return total
+
+
 class MemoryWatch:
     """This process's PSS when made (before any data) and its peak since, sampled by a daemon thread."""
 
@@ -39,8 +55,10 @@ class MemoryWatch:
             self.peak = max(self.peak or 0, now)
 
     def figures(self) -> dict:
-        """result.json's per-worker memory: PSS before the data and at its peak, in MB."""
+        """result.json's per-worker memory in MB: PSS before the data, at its peak, and the part of it
+        now in Ray's object store (this worker's share of pages the node's workers read together)."""
         if self.before is None:
             return {}
         self.peak = max(self.peak, pss_bytes() or 0)
-        return {"pss_before_data_mb": round(self.before / 2**20, 1), "pss_peak_mb": round(self.peak / 2**20, 1)}
+        mb = {"before_data": self.before, "peak": self.peak, "object_store": object_store_pss_bytes() or 0}
+        return {f"pss_{key}_mb": round(value / 2**20, 1) for key, value in mb.items()}

@@ -72,7 +72,10 @@ def open_datasets(spec: DataSpec, global_batch_size: int, seed: int) -> OpenedDa
         dataset = _call(ref, key, spec.kwargs)
         if spec.layout == "streams":  # read files by name, rows as stored: the sample is the first t
             dataset.context.execution_options.preserve_order = True
-        columns = _columns(dataset, key)
+        schema = _read(dataset.schema, key)
+        if schema is None:
+            raise DataError(f"{key}: expected rows with columns, received an empty dataset")
+        columns = list(schema.names)
         wanted = _names(spec.x) + _names(spec.y) + (list(STREAM_COLUMNS) if spec.layout == "streams" else [])
         missing = [c for c in wanted if c not in columns]
         if missing:
@@ -81,15 +84,14 @@ def open_datasets(spec: DataSpec, global_batch_size: int, seed: int) -> OpenedDa
         if count < global_batch_size:
             got = "an empty dataset" if count == 0 else f"{count} rows"
             raise DataError(f"{key}: expected at least one global batch ({global_batch_size} rows), received {got}")
-        first = _read(lambda d=dataset: d.take_batch(global_batch_size, batch_format="numpy"), key)
-        if spec.layout == "streams":
-            _check_first_step(first, key, global_batch_size)
-        if split == "train":
-            sample = first
+        if split == "train":  # the validation rows are checked by the workers as they read them
+            sample = _read(lambda d=dataset: d.take_batch(global_batch_size, batch_format="numpy"), key)
+            if spec.layout == "streams":
+                _check_first_step(sample, key, global_batch_size)
             if spec.layout == "shuffle":
                 dataset = dataset.randomize_block_order(seed=seed)  # a new order each epoch (Ray reseeds per run)
         plans[split], rows[split] = dataset, count
-        descriptions.append(_description(split, ref, spec.kwargs, first, count))
+        descriptions.append(_description(split, ref, spec.kwargs, schema, count))
     opened = DatasetInput(spec.x, spec.y, spec.layout, seed, rows["train"], rows.get("val"), sample)
     return OpenedDatasets(plans, opened, descriptions)
 
@@ -178,13 +180,6 @@ def _read(action: Any, key: str) -> Any:
         raise DataError(f"{key}: expected a dataset that reads, received {type(cause).__name__}: {text}") from None
 
 
-def _columns(dataset: ray.data.Dataset, key: str) -> list[str]:
-    schema = _read(dataset.schema, key)
-    if schema is None:
-        raise DataError(f"{key}: expected rows with columns, received an empty dataset")
-    return list(schema.names)
-
-
 def _names(value: str | list[str]) -> list[str]:
     return [value] if isinstance(value, str) else list(value)
 
@@ -238,9 +233,9 @@ def _check_step(batch: dict, streams: range, step: int) -> None:
         )
 
 
-def _description(split: str, ref: str, kwargs: dict, sample: dict, rows: int) -> dict:
+def _description(split: str, ref: str, kwargs: dict, columns: ray.data.Schema, rows: int) -> dict:
     """What MLflow records of the dataset (`mlflow.log_input`): source, schema, digest, rows."""
-    schema = {name: [str(a.dtype), list(a.shape[1:])] for name, a in sample.items()}
+    schema = {name: str(kind) for name, kind in zip(columns.names, columns.types, strict=True)}
     source = next((str(v) for v in kwargs.values() if isinstance(v, str) and os.path.exists(v)), ref)
     text = json.dumps([ref, kwargs, schema, rows, _files_signature(source)], sort_keys=True, default=str)
     return {

@@ -50,6 +50,12 @@ class Shard:
     global_batch_size: int
     streams: range
 
+    @classmethod
+    def of(cls, rank: int, num_workers: int, global_batch_size: int) -> Shard:
+        """Rank `rank`'s shard among `num_workers`: its slice of every global batch (`rank_rows`)."""
+        start, stop = rank_rows(global_batch_size, num_workers, rank)
+        return cls(rank, num_workers, stop - start, global_batch_size, range(start, stop))
+
 
 @dataclass
 class DataSpec:

@@ -49,8 +49,7 @@ def open_feed(
     if source.datasets is not None:
         return DatasetFeed(source.datasets, batch, rank, world)
     if source.rank_aware:
-        start, stop = rank_rows(batch, world, rank)
-        shard = Shard(rank, world, stop - start, batch, range(start, stop))
+        shard = Shard.of(rank, world, batch)
         return own_rows_feed(shards.load_data(spec.data, batch, spec.train.class_weight, shard), spec, shard, agree)
     import ray
 

@@ -19,7 +19,6 @@ from ..errors import DataError, SpecError
 from ..model import build_model
 from ..quiet import import_tensorflow
 from ..spec import JobSpec, Shard
-from ..spec.schema import rank_rows
 from . import datasets, outputs, replica, shards
 from .callbacks import callback_classes
 from .feed import DataSource
@@ -53,57 +52,66 @@ def check_accumulation(spec: JobSpec, steps_per_epoch: int) -> None:
         )
 
 
+@dataclass
+class _Opened:
+    """The workers' source, and what the checks need of the data."""
+
+    source: DataSource
+    targets: Any  # training targets (all, rank 0's share or a sample)
+    val_targets: Any  # None: no validation data
+    steps: int  # training steps per epoch
+    baselines: dict
+    inputs: list[dict]  # for MLflow
+    plans: dict = field(default_factory=dict)  # Ray Data's lazy datasets
+    sample_x: Any = None  # Ray Data: the features of the first global batch
+
+
 def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
     """Load the data (a sample of it for Ray Data, one worker's share for a rank-aware loader), build the
     replica at the per-worker batch, resolve optimizer/loss/metrics."""
     import_tensorflow(verbose=native_logs)
-    source, plans, inputs, sample_x, y_train, y_val, rows, baselines = _open_data(spec)
+    data = _open_data(spec)
     replica.batch_dependent_variables(spec.model, spec.possible_batch_sizes, spec.train.dtype_policy)  # uneven splits
     model = build_model(spec.model, spec.per_worker_batch_size, spec.train.dtype_policy)
-    if sample_x is not None:
-        check_inputs(model, sample_x)
+    if data.sample_x is not None:
+        check_inputs(model, data.sample_x)
     replica.make_optimizer(spec.train.optimizer)
     names = outputs.output_names(model)
-    y_train = outputs.targets_by_output(y_train, names, "train")
-    if y_val is not None:
-        outputs.targets_by_output(y_val, names, "val")
+    y_train = outputs.targets_by_output(data.targets, names, "train")
+    if data.val_targets is not None:
+        outputs.targets_by_output(data.val_targets, names, "val")
     train_keys = outputs.epoch_keys(outputs.make_heads(spec.train, model, y_train))
-    check_accumulation(spec, rows)
+    check_accumulation(spec, data.steps)
     scale = ["loss_scale"] if spec.train.loss_scale else []
-    has_val = y_val is not None or bool(source.datasets and source.datasets.val_rows)
-    keys = (
-        train_keys
-        + ["samples_per_s", "input_wait_fraction"]
-        + scale
-        + ([f"val_{k}" for k in train_keys] if has_val else [])
-    )
+    val_keys = [f"val_{k}" for k in train_keys] if data.val_targets is not None else []
+    keys = train_keys + ["samples_per_s", "input_wait_fraction"] + scale + val_keys
     callback_classes(spec.train.callbacks)
     if spec.checkpoint.enabled:
         check_against_metrics(spec.checkpoint, epoch_keys=keys, step_keys=["loss"])
-    return Preflight(baselines, keys, source, plans, inputs)
+    return Preflight(data.baselines, keys, data.source, data.plans, data.inputs)
 
 
-def _open_data(spec: JobSpec) -> tuple:
-    """The workers' source, and what the checks need: a sample of x, targets, the steps per epoch."""
+def _open_data(spec: JobSpec) -> _Opened:
     batch = spec.train.global_batch_size
     if spec.data.dataset is not None:
         opened = datasets.open_datasets(spec.data, batch, spec.train.seed)
-        sample_x = datasets.features(opened.input.sample, spec.data.x)
-        y = datasets.features(opened.input.sample, spec.data.y)
-        y_val = y if opened.input.val_rows else None
-        rows = opened.input.steps(opened.input.train_rows, batch)
-        return DataSource(datasets=opened.input), opened.plans, opened.descriptions, sample_x, y, y_val, rows, {}
+        sample = opened.input.sample
+        y = datasets.features(sample, spec.data.y)
+        steps = opened.input.steps(opened.input.train_rows, batch)
+        y_val = y if opened.input.val_rows else None  # the same columns
+        source = DataSource(datasets=opened.input)
+        return _Opened(
+            source, y, y_val, steps, {}, opened.descriptions, opened.plans, datasets.features(sample, spec.data.x)
+        )
     if shards.rank_aware(spec.data):  # each worker loads its own rows: check rank 0's share
-        world = spec.scaling.max_workers
-        start, stop = rank_rows(batch, world, 0)
-        shard = Shard(0, world, stop - start, batch, range(start, stop))
+        shard = Shard.of(0, spec.scaling.max_workers, batch)
         data = shards.load_data(spec.data, batch, spec.train.class_weight, shard)
-        source, rows = DataSource(rank_aware=True), shards.steps_per_epoch(data.train.rows, shard.batch_size)
+        source, steps = DataSource(rank_aware=True), shards.steps_per_epoch(data.train.rows, shard.batch_size)
     else:
         data = shards.load_data(spec.data, batch, spec.train.class_weight)
-        source, rows = DataSource(arrays=data), shards.steps_per_epoch(data.train.rows, batch)
+        source, steps = DataSource(arrays=data), shards.steps_per_epoch(data.train.rows, batch)
     y_val = data.val.y if data.val is not None else None
-    return source, {}, [shards.describe_arrays(spec.data, data)], None, data.train.y, y_val, rows, data.baselines
+    return _Opened(source, data.train.y, y_val, steps, data.baselines, [shards.describe_arrays(spec.data, data)])
 
 
 def check_inputs(model: keras.Model, x: Any) -> None:

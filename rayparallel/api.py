@@ -82,8 +82,9 @@ def _train(
             f"rayparallel: resuming the job recorded in {out / 'job.yaml'}, not the given one, which differs in "
             + ", ".join(changed)
         )
-    with _ray_for_checks(recorded or requested, worker_logs):
-        job, checks = _checked(recorded or requested, (), native_logs=worker_logs)  # imports TensorFlow quietly
+    job = requested if recorded is None else load_spec(recorded, ())
+    with _ray_for_checks(job, worker_logs):
+        job, checks = _checked(job, (), native_logs=worker_logs)  # imports TensorFlow quietly
 
         from .cluster.launch import Launch, checkpoint_dir, launch
         from .files import ensure_writable

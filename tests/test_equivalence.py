@@ -42,13 +42,15 @@ def run(spec, tmp_path, workers, cpus):
 
 
 def test_stateful_lstm_streams_1_2_3_workers_same_weights(ray_address, tmp_path):
-    """16 streams on 3 workers is 6, 5 and 5: a worker count need not divide the global batch."""
+    """16 streams on 3 workers is 6, 5 and 5: a worker count need not divide the global batch. The 3 workers
+    read through a rank-aware loader (each only its own streams): it trains the plain loader's model too."""
     from tests.models import stateful_lstm
 
     one = run(LSTM, tmp_path, 1, 1)
     reference = final_weights(one.final_weights, stateful_lstm)
+    rank_aware = dict(LSTM, data={**LSTM["data"], "loader": "tests.models:sine_streams_shard"})
     for workers in (2, 3):
-        result = run(LSTM, tmp_path, workers, 1)
+        result = run(LSTM if workers == 2 else rank_aware, tmp_path, workers, 1)
         error = max_relative_error(final_weights(result.final_weights, stateful_lstm), reference)
         print(f"lstm streams: {workers} workers vs 1, max relative weight error {error:.2e}")
         assert error < 1e-5

@@ -34,17 +34,15 @@ def ray_data_job(name: str, root, *overrides: str) -> dict:
     return spec
 
 
-def test_streams_from_ray_data_and_a_rank_aware_loader_train_the_loader_model(ray_address, tmp_path):
-    """The same streams from the shared in-memory loader (2 workers), Ray Data (1 and 2 workers) and a
-    rank-aware loader (2 workers): the same weights to 1e-5, the same figures every epoch."""
+def test_streams_from_ray_data_train_the_loader_model(ray_address, tmp_path):
+    """The same streams from the shared in-memory loader (2 workers) and Ray Data (1 and 2 workers): the same
+    weights to 1e-5, the same figures every epoch. (A rank-aware loader: tests/test_equivalence.py.)"""
     root = tmp_path / "streams"
     write_sine_streams(root, 6)
     runs = {"loader": rayparallel.train(lstm_job("loader", *ONE_EPOCH), output_dir=tmp_path / "a", verbose=False)}
     for workers in (1, 2):
         spec = ray_data_job(f"raydata{workers}", root, f"scaling.num_workers={workers}")
         runs[f"raydata{workers}"] = rayparallel.train(spec, output_dir=tmp_path / f"r{workers}", verbose=False)
-    shard_spec = lstm_job("shards", *ONE_EPOCH, "data.loader=tests.models:sine_streams_shard")
-    runs["shards"] = rayparallel.train(shard_spec, output_dir=tmp_path / "s", verbose=False)
 
     print("seconds:", {name: round(result.seconds, 1) for name, result in runs.items()})
     reference = final_weights(runs["loader"].final_weights, stateful_lstm)

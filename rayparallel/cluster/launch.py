@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -90,7 +91,7 @@ def launch(spec: JobSpec, run: Launch) -> TrainResult:
 
 def _fit(spec: JobSpec, run: Launch) -> TrainResult:
     output_dir = run.output_dir
-    say = print if run.verbose else (lambda *_: None)
+    say = partial(print, flush=True) if run.verbose else (lambda *_: None)  # at once, also into a `ray job` log
     scaling_config = _scaling_config(spec)  # first: a Ray without elastic training is an error before any write
     storage_path = spec.run.storage_path or str(output_dir / "ray_results")
     state, point = plan_run(spec.name, output_dir, storage_path, run.resume)

@@ -34,6 +34,12 @@ if TYPE_CHECKING:
     from ray.train import DataConfig
 
 STREAM_COLUMNS = ("stream", "t")
+# Ray Data's parquet reader lists files on this many new actors (Ray's default: 32) every time a
+# plan runs, and every worker runs its plan once an epoch: on a small node that was 1-3 s of
+# process start-up per worker per epoch. One actor reads the footers (128 reads at once); the
+# reader keeps the value it finds when `read_parquet` is called, so it is set before the user's
+# function runs. A value the user set wins.
+FOOTER_ACTORS = ("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "1")
 SHUFFLE_BUFFER_BATCHES = 8  # a worker's local shuffle mixes this many of its batches' rows
 
 
@@ -161,6 +167,7 @@ def _call(ref: str, key: str, kwargs: dict) -> ray.data.Dataset:
     import ray.data
 
     function = resolve(ref, key)
+    os.environ.setdefault(*FOOTER_ACTORS)
     dataset = _read(lambda: function(**kwargs), key)
     if not isinstance(dataset, ray.data.Dataset):
         raise DataError(f"{key}: expected {ref} to return a ray.data.Dataset, received {describe(dataset)}")

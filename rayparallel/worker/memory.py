@@ -41,9 +41,10 @@ def object_store_pss_bytes(pid: int | None = None) -> int | None:
 
 
 class MemoryWatch:
-    """This process's PSS when made (before any data) and its peak since, sampled by a daemon thread."""
+    """This process's PSS when made (before any data) and its peak since, sampled by a daemon thread
+    (once a second: a read of smaps_rollup costs a TensorFlow process about 10 ms of kernel time)."""
 
-    def __init__(self, interval_s: float = 0.2):
+    def __init__(self, interval_s: float = 1.0):
         self.before = self.peak = pss_bytes()
         if self.before is not None:
             threading.Thread(target=self._watch, args=(interval_s,), name="rayparallel-pss", daemon=True).start()

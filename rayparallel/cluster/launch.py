@@ -327,6 +327,7 @@ def _print_summary(result: TrainResult) -> None:
         print(_tracking_line("finished", result.mlflow))
         if result.mlflow.get("unlogged"):
             print(
-                f"MLflow: could not log {', '.join(result.mlflow['unlogged'])} to {result.mlflow['tracking_uri']}; "
+                f"MLflow: could not log {', '.join(result.mlflow['unlogged'])} to {result.mlflow['tracking_uri']} "
+                f"({result.mlflow.get('unlogged_error') or 'not reached in time'}); "
                 f"the records are in {result.mlflow['unlogged_path']} and every file is on disk in {result.output_dir}"
             )

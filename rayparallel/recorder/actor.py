@@ -234,7 +234,8 @@ class RunRecorder:
             self._tracking.log_model(lambda: self._writer.final_model(batch_size), self._spec.mlflow.register_model)
         unlogged = self._tracking.finish(status, self._spec.mlflow.flush_timeout_s)
         info = self.tracking_info(0)
-        info.update(unlogged=unlogged, unlogged_path=str(self._tracking.unlogged_path) if unlogged else None)
+        path, why = (str(self._tracking.unlogged_path), self._tracking.last_error) if unlogged else (None, None)
+        info.update(unlogged=unlogged, unlogged_path=path, unlogged_error=why)
         return info
 
     def ping(self) -> bool:

@@ -65,6 +65,17 @@ def log_keras_model(tracking_uri: str, run_id: str, model: Any, registered_model
         )
 
 
+def enter_working_directory(path: str) -> None:
+    """Be in `path` again if this process's working directory was replaced (MLflow's `log_model`
+    reads `Path.cwd()`). A job's runtime_env working_dir is unpacked anew when another node on
+    the same host joins (as in a one-machine cluster), which deletes the folder a running actor
+    is in; the new one is at the same path."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        os.chdir(path if os.path.isdir(path) else Path(path).anchor)
+
+
 class MlflowRun:
     def __init__(
         self,
@@ -87,6 +98,8 @@ class MlflowRun:
         self._started = threading.Event()
         self._closing = False
         self._failing_since: float | None = None
+        self.last_error: str | None = None  # why the newest failed delivery failed (kept with what is left)
+        self._working_directory = os.getcwd()
         self._logged_steps: dict[str, int] = {}
         self._thread = threading.Thread(target=self._deliver, name="rayparallel-mlflow", daemon=True)
         self._queue.append(("start", {}))
@@ -153,9 +166,10 @@ class MlflowRun:
             try:
                 self._apply(kind, payload)
             except Exception as exc:  # the server is down or refused: keep it queued, retry later
+                first_line = str(exc).splitlines()[0][:200] if str(exc) else ""
+                self.last_error = mask_text(f"{kind}: {type(exc).__name__}: {first_line}")
                 if self._failing_since is None:
                     self._failing_since = time.monotonic()
-                    first_line = str(exc).splitlines()[0][:200] if str(exc) else ""
                     self._notify(
                         mask_text(
                             f"MLflow: cannot log to {self.tracking_uri} ({type(exc).__name__}: {first_line}); "
@@ -179,6 +193,7 @@ class MlflowRun:
         from mlflow.entities import Metric, Param, RunTag
         from mlflow.tracking import MlflowClient
 
+        enter_working_directory(self._working_directory)
         client = MlflowClient(self.tracking_uri)
         if kind == "start":
             if self.run_id:  # resumed: the same run goes on; epochs it has already are not logged twice
@@ -220,7 +235,8 @@ class MlflowRun:
 
     def _save_unlogged(self, left: list) -> list[str]:
         records = [{"kind": kind, **{k: v for k, v in payload.items() if k != "build"}} for kind, payload in left]
-        unlogged = {"tracking_uri": self.tracking_uri, "run_id": self.run_id, "records": records}
+        unlogged = {"tracking_uri": self.tracking_uri, "run_id": self.run_id, "last_error": self.last_error}
+        unlogged["records"] = records
         self.unlogged_path.parent.mkdir(parents=True, exist_ok=True)
         self.unlogged_path.write_text(json.dumps(mask(unlogged), indent=2, default=str))
         return sorted({kind for kind, _ in left})

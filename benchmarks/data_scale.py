@@ -129,8 +129,17 @@ def main() -> None:
     dataset_bytes = write_dataset(root / "rows", files)
     memory_bytes = dataset_bytes * memory_files // files
     os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{root}/mlflow.db")
-    # 2 workers and 1 CPU for Ray Data's tasks (rayparallel's own local Ray leaves one too)
-    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    # 2 workers and 1 CPU for Ray Data's tasks (rayparallel's own local Ray leaves one too). The object store
+    # is capped at 3 GiB: Ray Data keeps its blocks in flight within it, and with Ray's default (30% of RAM)
+    # the 4 GiB run's workers aborted creating a thread in TensorFlow's collective executor here
+    ray.init(
+        address="local",
+        num_cpus=3,
+        object_store_memory=3 * 2**30,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level="ERROR",
+    )
     try:
         print("data_scale: in-memory loader, 2 workers")
         loader = job(

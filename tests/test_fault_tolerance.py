@@ -3,6 +3,7 @@ loss stops the run, restarts are explicit (real local Ray, real TF)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -35,9 +36,11 @@ def weights_of(result):
     return final_weights(result.final_weights, stateful_lstm)
 
 
-def kill_a_worker_when(epochs_done: int, killed: dict, run_prefix: str, inside: bool = False) -> threading.Thread:
-    """SIGKILL rank 1 once the live run (found by its named recorder actor) finished `epochs_done` epochs;
-    `inside`: and wrote a resume point inside the next epoch."""
+def kill_a_worker_when(
+    epochs_done: int, killed: dict, run_prefix: str, inside: bool = False, sig: int = signal.SIGKILL
+) -> threading.Thread:
+    """SIGKILL (or `sig`) rank 1 once the live run (found by its named recorder actor) finished `epochs_done`
+    epochs; `inside`: and wrote a resume point inside the next epoch."""
     import ray
 
     def watch():
@@ -51,7 +54,7 @@ def kill_a_worker_when(epochs_done: int, killed: dict, run_prefix: str, inside: 
                 point_inside = any(run_folder.glob(f"epoch-{epochs_done:04d}-step-*/meta.json"))
                 if len(summary["history"]) >= epochs_done and len(summary["workers"]) == 2 and point_inside >= inside:
                     pid = summary["workers"][1]["pid"]
-                    os.kill(pid, signal.SIGKILL)
+                    os.kill(pid, sig)
                     killed.update(pid=pid, at=time.monotonic(), after_epoch=len(summary["history"]))
                     return
             time.sleep(0.05)
@@ -103,18 +106,29 @@ def test_worker_killed_inside_an_epoch_resumes_from_the_last_step_point_to_the_s
     assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "val_loss")] == [1, 2, 3, 4, 5]
 
 
-def test_dead_peer_is_detected_within_the_timeout(ray_address, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["dead", "hung"])
+def test_dead_or_hung_peer_is_detected_within_the_timeout(ray_address, tmp_path, sig):
+    """A dead peer: Ray sees its process end. A hung one (SIGSTOP: alive, never answering): rayparallel's
+    step watchdog aborts the collectives after `run.collective_timeout_s` without a finished step."""
     timeout = 15
     spec = dict(LSTM, name="fault-dead", run={"collective_timeout_s": timeout})
     killed: dict = {}
-    watcher = kill_a_worker_when(1, killed, "rayparallel:fault-dead-")
-    with pytest.raises(Exception) as info:
-        rayparallel.train(spec, output_dir=tmp_path / "out", verbose=False)
+    watcher = kill_a_worker_when(1, killed, "rayparallel:fault-dead-", sig=sig)
+    try:
+        with pytest.raises(Exception) as info:
+            rayparallel.train(spec, output_dir=tmp_path / "out", verbose=False)
+    finally:
+        if killed.get("pid") and sig == signal.SIGSTOP:  # Ray ends the group; never leave a stopped process
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(killed["pid"], signal.SIGKILL)
     detected = time.monotonic() - killed["at"]
     watcher.join(timeout=5)
-    print(f"dead peer: the run failed {detected:.1f}s after SIGKILL of rank 1 (collective timeout {timeout}s)")
+    print(f"{sig.name} peer: the run failed {detected:.1f}s after it (collective timeout {timeout}s)")
     assert detected < timeout + 20
-    assert "Training failed" in str(info.value) or "died" in str(info.value).lower()
+    if sig == signal.SIGSTOP:  # Ray would wait 10 min (its worker health check) for a process that is alive
+        assert detected > timeout - 1 and "Collective" in str(info.value), str(info.value)[-2000:]
+    else:
+        assert "Training failed" in str(info.value) or "died" in str(info.value).lower()
     assert json.loads((tmp_path / "out" / "run.json").read_text())["status"] == "FAILED"
 
 

@@ -30,7 +30,14 @@ from .callbacks import Callbacks, make_callbacks
 from .feed import DataSource, open_feed
 from .memory import MemoryWatch
 from .step import EpochFigures, Steps
-from .sync import Reducer, clip_after_all_reduce, compress_gradients, configure_threads, make_strategy
+from .sync import (
+    Reducer,
+    StepWatchdog,
+    clip_after_all_reduce,
+    compress_gradients,
+    configure_threads,
+    make_strategy,
+)
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -59,7 +66,8 @@ class WorkerRun:
         self._mark("workers_started")
         configure_threads(spec.scaling.resources_per_worker.get("CPU", 1))  # imports TensorFlow
         self._mark("tensorflow_imported")
-        self.strategy = make_strategy(spec.scaling.use_gpu, spec.run.collective_timeout_s)
+        self.strategy = make_strategy(spec.scaling.use_gpu)
+        self.watchdog = StepWatchdog(spec.run.collective_timeout_s)
         self._mark("strategy_ready")
 
         import keras
@@ -185,6 +193,7 @@ class WorkerRun:
             if ray.get(self.actor.stop_after.remote(epoch, stop)):  # the same answer on every rank
                 break
 
+        self.watchdog.disarm()
         self.callbacks.on_train_end(dict(logs))  # EarlyStopping(restore_best_weights) restores here
         weights = self.model.get_weights()  # every rank reads, see resume.snapshot
         # replicas in step hold identical weights: result.json shows each rank's digest
@@ -221,6 +230,8 @@ class WorkerRun:
             train_step(x, y, w)
             if first and step == skip + 1:
                 self._mark("first_step_done")
+            else:
+                self.watchdog.beat()
             if self.cadence.due(step):
                 seconds = time.perf_counter() - started
                 loss = self.figures.running_loss(step, seconds)  # a collective: every rank calls it
@@ -291,6 +302,7 @@ class WorkerRun:
         self.steps.reset()
         for x, y, w in self.feed.val():
             self.steps.eval_step(x, outputs.targets_by_output(y, self.output_names, "val"), w)
+            self.watchdog.beat()
         replica.reset_states(self.stateful)
         return self.figures.collect(self.feed.val_steps, prefix="val_")
 

@@ -7,6 +7,8 @@ Gradients are all-reduced by the Keras optimizer's `apply_gradients` inside
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,8 +27,14 @@ def configure_threads(cpus_per_worker: float) -> None:
     tf.config.threading.set_inter_op_parallelism_threads(threads)
 
 
-def make_strategy(use_gpu: bool, timeout_s: float) -> tf.distribute.MultiWorkerMirroredStrategy:
-    """MWMS with NCCL on GPUs and the ring on CPUs; a dead peer fails a collective after `timeout_s`."""
+def make_strategy(use_gpu: bool) -> tf.distribute.MultiWorkerMirroredStrategy:
+    """MWMS with NCCL on GPUs and the ring on CPUs; a dead or hung peer is `StepWatchdog`'s to catch.
+
+    No `CommunicationOptions(timeout_seconds=...)`: TensorFlow starts one thread per collective
+    that sleeps for the whole timeout, so at hundreds of collectives a second they pile up by
+    the ten thousand until thread creation fails (`std::system_error` in the collective
+    executor: a 2-worker run of 8,192 short steps aborted so here in its second epoch).
+    """
     import tensorflow as tf
 
     implementation = (
@@ -34,8 +42,44 @@ def make_strategy(use_gpu: bool, timeout_s: float) -> tf.distribute.MultiWorkerM
         if use_gpu and tf.config.list_physical_devices("GPU")
         else tf.distribute.experimental.CommunicationImplementation.RING
     )
-    options = tf.distribute.experimental.CommunicationOptions(implementation=implementation, timeout_seconds=timeout_s)
+    options = tf.distribute.experimental.CommunicationOptions(implementation=implementation)
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+
+class StepWatchdog:
+    """Fails this worker's collectives when no step has finished for `timeout_s` (a dead or hung peer).
+
+    One daemon thread for the whole run, instead of TensorFlow's thread per collective. The loop
+    calls `beat()` after every step; the first step (tracing, compiling) is not timed. Aborting
+    the collective ops makes the waiting one raise, so the worker fails and Ray Train restarts
+    the group or ends the run (`failure.max_failures`).
+    """
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        self._last: float | None = None  # None: not armed yet
+        threading.Thread(target=self._watch, name="rayparallel-watchdog", daemon=True).start()
+
+    def beat(self) -> None:
+        self._last = time.monotonic()
+
+    def disarm(self) -> None:
+        """Training is over: what follows (final saves, hand-offs) runs no collective."""
+        self._last = None
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(min(1.0, self.timeout_s / 4))
+            if self._last is not None and time.monotonic() - self._last > self.timeout_s:
+                from tensorflow.python.eager import context
+                from tensorflow.python.framework import errors
+
+                message = (
+                    f"run.collective_timeout_s: expected a step to finish within {self.timeout_s:g} s, received none "
+                    "(a peer died or hangs)"
+                )
+                context.context().abort_collective_ops(errors.UNAVAILABLE, message)
+                return
 
 
 WIRE_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}

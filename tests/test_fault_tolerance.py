@@ -110,10 +110,10 @@ def test_worker_killed_inside_an_epoch_resumes_from_the_last_step_point_to_the_s
 def test_dead_or_hung_peer_is_detected_within_the_timeout(ray_address, tmp_path, sig):
     """A dead peer: Ray sees its process end. A hung one (SIGSTOP: alive, never answering): rayparallel's
     step watchdog aborts the collectives after `run.collective_timeout_s` without a finished step."""
-    timeout = 15
-    spec = dict(LSTM, name="fault-dead", run={"collective_timeout_s": timeout})
+    timeout, name = 15, f"fault-{'dead' if sig == signal.SIGKILL else 'hung'}"
+    spec = dict(LSTM, name=name, run={"collective_timeout_s": timeout})
     killed: dict = {}
-    watcher = kill_a_worker_when(1, killed, "rayparallel:fault-dead-", sig=sig)
+    watcher = kill_a_worker_when(1, killed, f"rayparallel:{name}-", sig=sig)
     try:
         with pytest.raises(Exception) as info:
             rayparallel.train(spec, output_dir=tmp_path / "out", verbose=False)

@@ -180,6 +180,27 @@ def _fit(spec: JobSpec, run: Launch) -> TrainResult:
 
     try:
         error = _run_with_progress(trainer, actor, show)
+        if error is not None:
+            end("FAILED", [job_file])
+            record("FAILED")
+            raise _user_error(error, storage_path) or error
+
+        summary = ray.get(actor.summary.remote())
+        startup = relative({**summary.pop("startup_marks"), **run.marks}, run.started_at)
+        result = TrainResult(
+            name=spec.name,
+            output_dir=str(output_dir),
+            seconds=time.time() - run.started_at,
+            baselines=run.baselines,
+            mlflow=ray.get(actor.tracking_info.remote(0)) or {},
+            startup=startup,
+            time_to_first_step_s=startup.get("first_step_done"),
+            **summary,
+        )
+        result_file = result.write()
+        result.mlflow = end("FINISHED", [job_file, result_file]) or {}
+        result.write()
+        record("FINISHED")
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from `ray job stop` (see cli)
         end("KILLED", [job_file])
         record("KILLED")
@@ -188,28 +209,8 @@ def _fit(spec: JobSpec, run: Launch) -> TrainResult:
             f"--output-dir {output_dir}"
         )
         raise
-    if error is not None:
-        end("FAILED", [job_file])
-        record("FAILED")
-        raise _user_error(error, storage_path) or error
-
-    summary = ray.get(actor.summary.remote())
-    startup = relative({**summary.pop("startup_marks"), **run.marks}, run.started_at)
-    result = TrainResult(
-        name=spec.name,
-        output_dir=str(output_dir),
-        seconds=time.time() - run.started_at,
-        baselines=run.baselines,
-        mlflow=ray.get(actor.tracking_info.remote(0)) or {},
-        startup=startup,
-        time_to_first_step_s=startup.get("first_step_done"),
-        **summary,
-    )
-    result_file = result.write()
-    result.mlflow = end("FINISHED", [job_file, result_file]) or {}
-    result.write()
-    record("FINISHED")
-    ray.kill(actor)
+    finally:  # the recorder is a named actor: a failed or interrupted run must not leave it behind either
+        ray.kill(actor)
     if run.verbose:
         _print_summary(result)
     return result

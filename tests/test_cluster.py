@@ -346,8 +346,7 @@ def submit_and_watch(cluster: Nodes, job: Path, out: Path, *actions) -> tuple[di
 
 
 def _seen(when: str, out: Path, log) -> bool:
-    if not when.startswith("epoch-"):  # console text
-        log.flush()
+    if not when.startswith("epoch-"):  # console text, as the submit process wrote it so far
         return when in Path(log.name).read_text()
     if not (out / "run.json").exists():
         return False

@@ -235,8 +235,12 @@ class MlflowRun:
 
     def _save_unlogged(self, left: list) -> list[str]:
         records = [{"kind": kind, **{k: v for k, v in payload.items() if k != "build"}} for kind, payload in left]
-        unlogged = {"tracking_uri": self.tracking_uri, "run_id": self.run_id, "last_error": self.last_error}
-        unlogged["records"] = records
+        unlogged = {
+            "tracking_uri": self.tracking_uri,
+            "run_id": self.run_id,
+            "last_error": self.last_error,
+            "records": records,
+        }
         self.unlogged_path.parent.mkdir(parents=True, exist_ok=True)
         self.unlogged_path.write_text(json.dumps(mask(unlogged), indent=2, default=str))
         return sorted({kind for kind, _ in left})

@@ -228,10 +228,9 @@ class WorkerRun:
                 train_step.get_concrete_function(x, y, w)  # trace apart from the run, to time both
                 self._mark("first_step_traced")
             train_step(x, y, w)
+            self.watchdog.beat()  # armed from the first finished step: tracing is not timed
             if first and step == skip + 1:
                 self._mark("first_step_done")
-            else:
-                self.watchdog.beat()
             if self.cadence.due(step):
                 seconds = time.perf_counter() - started
                 loss = self.figures.running_loss(step, seconds)  # a collective: every rank calls it

@@ -34,3 +34,11 @@ def describe(value: object) -> str:
 
 class NonFiniteLossError(RayParallelError):
     """The training loss became NaN or infinite (`train.on_nan: stop`)."""
+
+
+class StepTimeoutError(RuntimeError):
+    """No training step finished within `run.collective_timeout_s` (a peer died or hangs).
+
+    Not bad input: an infrastructure failure, so it keeps its traceback; its message names the
+    rank that gave up and the setting to change.
+    """

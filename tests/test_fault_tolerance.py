@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import rayparallel
-from rayparallel.errors import RayParallelError
+from rayparallel.errors import RayParallelError, StepTimeoutError
 from tests.models import lstm_job
 
 from .helpers import final_weights, max_relative_error
@@ -109,7 +109,8 @@ def test_worker_killed_inside_an_epoch_resumes_from_the_last_step_point_to_the_s
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["dead", "hung"])
 def test_dead_or_hung_peer_is_detected_within_the_timeout(ray_address, tmp_path, sig):
     """A dead peer: Ray sees its process end. A hung one (SIGSTOP: alive, never answering): rayparallel's
-    step watchdog aborts the collectives after `run.collective_timeout_s` without a finished step."""
+    step watchdog fails rank 0 after `run.collective_timeout_s` without a finished step, unless TensorFlow's
+    own heartbeat check aborted its collectives first."""
     timeout, name = 15, f"fault-{'dead' if sig == signal.SIGKILL else 'hung'}"
     spec = dict(LSTM, name=name, run={"collective_timeout_s": timeout})
     killed: dict = {}
@@ -126,7 +127,13 @@ def test_dead_or_hung_peer_is_detected_within_the_timeout(ray_address, tmp_path,
     print(f"{sig.name} peer: the run failed {detected:.1f}s after it (collective timeout {timeout}s)")
     assert detected < timeout + 20
     if sig == signal.SIGSTOP:  # Ray would wait 10 min (its worker health check) for a process that is alive
-        assert detected > timeout - 1 and "Collective" in str(info.value), str(info.value)[-2000:]
+        # who notices first depends on where rank 0 waits: in a collective, TensorFlow's heartbeat check or the
+        # watchdog's abort; in Ray Train's report barrier, the watchdog ending the process (StepTimeoutError)
+        text = str(info.value)
+        if info.type is StepTimeoutError:
+            assert detected > timeout - 1 and text.startswith("rank 0: run.collective_timeout_s: expected"), text
+        else:
+            assert "run.collective_timeout_s" in text or "stopped sending heartbeats" in text, text[-2000:]
     else:
         assert "Training failed" in str(info.value) or "died" in str(info.value).lower()
     assert json.loads((tmp_path / "out" / "run.json").read_text())["status"] == "FAILED"

@@ -23,7 +23,7 @@ from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ..checkpoint.manifest import set_aside
-from ..errors import RayParallelError
+from ..errors import RayParallelError, StepTimeoutError
 from ..files import atomic_write_text
 from ..recorder.actor import RecorderActor
 from ..result import TrainResult, describe_stop
@@ -183,7 +183,13 @@ def _fit(spec: JobSpec, run: Launch) -> TrainResult:
         if error is not None:
             end("FAILED", [job_file])
             record("FAILED")
-            raise _user_error(error, storage_path) or error
+            user_error = _user_error(error, storage_path)
+            if user_error:
+                raise user_error
+            reason = ray.get(actor.failure.remote())  # a worker that ended itself left its reason here
+            if reason:
+                raise StepTimeoutError(reason) from error
+            raise error
 
         summary = ray.get(actor.summary.remote())
         startup = relative({**summary.pop("startup_marks"), **run.marks}, run.started_at)

@@ -66,6 +66,7 @@ class RunRecorder:
         self._stop_reason: str | None = None  # asked for by the driver (a Tune scheduler's decision)
         self._stop_answers: dict[int, str | None] = {}  # epoch -> what every rank was told
         self._stopped: dict | None = None  # the epoch the run ended after, and why
+        self._failure: str | None = None  # why the live worker group failed, as a worker saw it
         self._tracking: MlflowRun | None = None
         self._announced = False  # the driver was told the MLflow run exists
         if tracking:
@@ -95,11 +96,20 @@ class RunRecorder:
                 self._world = world
                 self._workers = {rank: w for rank, w in self._workers.items() if rank < world}
             self._workers[info["rank"]] = info
+            self._failure = None  # a new group: an earlier one's failure is not this one's
             complete = len(self._workers) == world
         if changed and self._tracking:
             self._tracking.log_metrics({"num_workers": world}, step=info["global_step"])
         if complete and self._tracking:
             self._tracking.set_tags(worker_tags(self._workers.values()))
+
+    def note_failure(self, rank: int, reason: str) -> None:
+        """A worker's own word on why it is about to fail (its step watchdog expired); the first stands."""
+        with self._lock:
+            self._failure = self._failure or f"rank {rank}: {reason}"
+
+    def failure(self) -> str | None:
+        return self._failure
 
     def update_worker(self, rank: int, info: dict) -> None:
         """More about a registered worker (its final weights' digest)."""

@@ -67,7 +67,9 @@ class WorkerRun:
         configure_threads(spec.scaling.resources_per_worker.get("CPU", 1))  # imports TensorFlow
         self._mark("tensorflow_imported")
         self.strategy = make_strategy(spec.scaling.use_gpu)
-        self.watchdog = StepWatchdog(spec.run.collective_timeout_s)
+        self.watchdog = StepWatchdog(
+            spec.run.collective_timeout_s, lambda reason: actor.note_failure.remote(self.rank, reason)
+        )
         self._mark("strategy_ready")
 
         import keras
@@ -149,6 +151,7 @@ class WorkerRun:
         try:
             self._fit()
         except BaseException:
+            self.watchdog.disarm()  # unwinding: the watchdog need not end the process
             if self.client is not None:  # hand over saves already made: they belong to good epochs
                 self.client.flush(raise_errors=False)
             raise

@@ -7,14 +7,19 @@ Gradients are all-reduced by the Keras optimizer's `apply_gradients` inside
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 if TYPE_CHECKING:
     import keras
+    import ray
     import tensorflow as tf
 
 
@@ -47,39 +52,58 @@ def make_strategy(use_gpu: bool) -> tf.distribute.MultiWorkerMirroredStrategy:
 
 
 class StepWatchdog:
-    """Fails this worker's collectives when no step has finished for `timeout_s` (a dead or hung peer).
+    """Fails this worker when no step has finished for `timeout_s` (a dead or hung peer).
 
     One daemon thread for the whole run, instead of TensorFlow's thread per collective. The loop
-    calls `beat()` after every step; the first step (tracing, compiling) is not timed. Aborting
-    the collective ops makes the waiting one raise, so the worker fails and Ray Train restarts
-    the group or ends the run (`failure.max_failures`).
+    calls `beat()` after every step; the first step (tracing, compiling) is not timed. On expiry
+    it first hands the reason to `on_expiry` (the recorder keeps it for the driver's error), then
+    aborts the collective ops, which makes a waiting collective raise, so the worker fails and
+    Ray Train restarts the group or ends the run (`failure.max_failures`). A worker waiting on a
+    peer outside TensorFlow (Ray Train's report barrier, the recorder's per-epoch answer) does not
+    wake from that: when the loop has not unwound (`disarm()`) `grace_s` later, the process exits,
+    which Ray sees at once.
     """
 
-    def __init__(self, timeout_s: float):
-        self.timeout_s = timeout_s
-        self._last: float | None = None  # None: not armed yet
+    def __init__(
+        self, timeout_s: float, on_expiry: Callable[[str], ray.ObjectRef | None] | None = None, grace_s: float = 3.0
+    ):
+        self.timeout_s, self.grace_s, self._on_expiry = timeout_s, grace_s, on_expiry
+        self._last: float | None = None  # None: not armed yet, or disarmed
         threading.Thread(target=self._watch, name="rayparallel-watchdog", daemon=True).start()
 
     def beat(self) -> None:
         self._last = time.monotonic()
 
     def disarm(self) -> None:
-        """Training is over: what follows (final saves, hand-offs) runs no collective."""
+        """Training is over, or the loop is unwinding from an error: nothing more to time."""
         self._last = None
 
     def _watch(self) -> None:
         while True:
             time.sleep(min(1.0, self.timeout_s / 4))
-            if self._last is not None and time.monotonic() - self._last > self.timeout_s:
-                from tensorflow.python.eager import context
-                from tensorflow.python.framework import errors
+            last = self._last  # read once: the loop may disarm in between
+            if last is not None and time.monotonic() - last > self.timeout_s:
+                break
+        message = (
+            f"run.collective_timeout_s: expected a step to finish within {self.timeout_s:g} s, received none "
+            "(a peer died or hangs)"
+        )
+        expired = time.monotonic()
+        noted = self._on_expiry(message) if self._on_expiry else None
+        from tensorflow.python.eager import context
+        from tensorflow.python.framework import errors
 
-                message = (
-                    f"run.collective_timeout_s: expected a step to finish within {self.timeout_s:g} s, received none "
-                    "(a peer died or hangs)"
-                )
-                context.context().abort_collective_ops(errors.UNAVAILABLE, message)
-                return
+        context.context().abort_collective_ops(errors.UNAVAILABLE, message)
+        if noted is not None:
+            import ray
+
+            with contextlib.suppress(Exception):  # the reason is a courtesy: never let it keep us alive
+                ray.wait([noted], timeout=self.grace_s)
+        while self._last is not None and time.monotonic() - expired < self.grace_s:
+            time.sleep(0.1)
+        if self._last is not None:  # stuck outside TensorFlow: only ending the process frees the run
+            print(f"rayparallel: {message}; ending this worker", file=sys.stderr, flush=True)
+            os._exit(1)
 
 
 WIRE_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}

@@ -59,9 +59,9 @@ class StepWatchdog:
     it first hands the reason to `on_expiry` (the recorder keeps it for the driver's error), then
     aborts the collective ops, which makes a waiting collective raise, so the worker fails and
     Ray Train restarts the group or ends the run (`failure.max_failures`). A worker waiting on a
-    peer outside TensorFlow (Ray Train's report barrier, the recorder's per-epoch answer) does not
-    wake from that: when the loop has not unwound (`disarm()`) `grace_s` later, the process exits,
-    which Ray sees at once.
+    peer outside TensorFlow (Ray Train's report barrier at an epoch end) does not wake from that:
+    when the loop has not unwound (`disarm()`) `grace_s` later, the process exits, which Ray sees
+    at once.
     """
 
     def __init__(

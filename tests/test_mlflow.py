@@ -112,7 +112,7 @@ def test_server_down_mid_run_training_completes_and_says_what_was_not_logged(ray
     metrics = [r for r in unlogged["records"] if r["kind"] == "metrics"]
     assert {r["step"] for r in metrics if "loss" in r["metrics"]} == {1, 2, 3}  # the epochs' logs
     assert unlogged["run_id"] == result.mlflow["run_id"]
-    assert unlogged["last_error"].split(":")[0] in {"metrics", "artifact", "model", "end", "tags", "params"}
+    assert unlogged["last_error"].split(":")[0] in {r["kind"] for r in unlogged["records"]}  # one left unlogged
     assert f"({unlogged['last_error']})" in out  # the console says why, once
     assert {"num_workers": 2.0} in [r["metrics"] for r in metrics if r["step"] == 0]  # the worker count at start
     assert f"the records are in {tmp_path / 'out' / 'mlflow_unlogged.json'}" in out

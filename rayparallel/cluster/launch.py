@@ -25,7 +25,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from ..checkpoint.manifest import set_aside
 from ..errors import RayParallelError, StepTimeoutError
 from ..files import atomic_write_text
-from ..recorder.actor import RecorderActor
+from ..recorder.actor import RecorderActor, recorder_name
 from ..result import TrainResult, describe_stop
 from ..secrets import mask, mask_text
 from ..spec import JobSpec
@@ -110,7 +110,7 @@ def _fit(spec: JobSpec, run: Launch) -> TrainResult:
     state.save(output_dir)
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    actor = RecorderActor.options(name=f"rayparallel:{state.ray_run_name}", scheduling_strategy=here).remote(
+    actor = RecorderActor.options(name=recorder_name(state.ray_run_name), scheduling_strategy=here).remote(
         spec,
         str(checkpoint_dir(spec, output_dir)),
         run.search_path,

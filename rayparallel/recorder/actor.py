@@ -288,3 +288,8 @@ class RunRecorder:
 
 
 RecorderActor = ray.remote(num_cpus=0, concurrency_groups={"io": 1})(RunRecorder)
+
+
+def recorder_name(ray_run_name: str) -> str:
+    """The live run's recorder is a named actor: a sweep's scheduler and tests find it by this."""
+    return f"rayparallel:{ray_run_name}"

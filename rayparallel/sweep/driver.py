@@ -231,16 +231,15 @@ def _tune(
     from ray import tune
 
     from .console import SweepConsole
-    from .trial import TrialSetup, trainable
+    from .trial import TrialSetup, asha_scheduler, trainable
 
     setup = TrialSetup(jobs, str(output_dir), os.getcwd(), None if resume else False, worker_logs, settings.scheduler)
     node = f"node:{ray.util.get_node_ip_address()}"  # trials run here: their files are on this machine
     scheduler = None
     if settings.scheduler == "asha":
-        from ray.tune.schedulers import ASHAScheduler
-
         epochs = max(spec.train.epochs for spec in jobs.values())
-        scheduler = ASHAScheduler(
+        scheduler = asha_scheduler(
+            str(output_dir),
             time_attr="epoch",  # not Tune's iteration count: a resumed trial reports from its next epoch
             max_t=epochs,
             grace_period=settings.grace_period,

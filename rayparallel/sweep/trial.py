@@ -14,9 +14,11 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ray.tune.schedulers import TrialScheduler
+
     from ..spec import JobSpec
 
 # How long a trial that Tune stops may take to end its run (the epoch in progress, the final
@@ -74,3 +76,45 @@ def trainable(setup: TrialSetup) -> type:
             super().cleanup()
 
     return RayParallelTrial
+
+
+def asha_scheduler(output_dir: str, **asha: Any) -> TrialScheduler:
+    """Tune's ASHA, whose stop asks the trial's own run to end after the epoch in progress.
+
+    Tune's stop marks a trial terminated at once; when no trial is left running, Tune ends the
+    experiment and kills the trials still stopping after 10 s (a fixed force-cleanup time), which
+    on a loaded node cut runs off before their final weights, result.json and MLflow run were
+    written. Asked through its recorder instead, the run ends as a finished run and the trial's
+    function returns, as a trial that ran all its epochs does.
+    """
+    from ray.tune.schedulers import ASHAScheduler, TrialScheduler
+
+    asked: set[str] = set()  # trials whose run was asked to end: it ends by itself, never by Tune
+
+    class RunEndingASHA(ASHAScheduler):
+        def on_trial_result(self, tune_controller, trial, result):  # Tune's signature
+            decision = super().on_trial_result(tune_controller, trial, result)
+            name, reason = trial.config["trial"], f"stopped by Ray Tune's asha scheduler at epoch {result['epoch']}"
+            if name not in asked and decision == TrialScheduler.STOP and request_stop(Path(output_dir) / name, reason):
+                asked.add(name)
+            return TrialScheduler.CONTINUE if name in asked else decision
+
+    return RunEndingASHA(**asha)
+
+
+def request_stop(trial_folder: Path, reason: str) -> bool:
+    """Ask the trial's live run (its recorder, named after the Ray run in run.json) to end."""
+    import ray
+
+    from ..cluster.run_state import read_state
+    from ..recorder.actor import recorder_name
+
+    state = read_state(trial_folder)
+    if state is None:
+        return False
+    try:
+        recorder = ray.get_actor(recorder_name(state.ray_run_name))
+    except ValueError:  # the run has just ended
+        return False
+    recorder.request_stop.remote(reason)
+    return True

@@ -15,6 +15,7 @@ import pytest
 
 import rayparallel
 from rayparallel.errors import RayParallelError, StepTimeoutError
+from rayparallel.recorder.actor import recorder_name
 from tests.models import lstm_job
 
 from .helpers import final_weights, max_relative_error
@@ -39,14 +40,16 @@ def weights_of(result):
 def kill_a_worker_when(
     epochs_done: int, killed: dict, run_prefix: str, inside: bool = False, sig: int = signal.SIGKILL
 ) -> threading.Thread:
-    """SIGKILL (or `sig`) rank 1 once the live run (found by its named recorder actor) finished `epochs_done`
+    """SIGKILL (or `sig`) rank 1 once the live run (its Ray run name begins `run_prefix`) finished `epochs_done`
     epochs; `inside`: and wrote a resume point inside the next epoch."""
     import ray
+
+    prefix = recorder_name(run_prefix)
 
     def watch():
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            names = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(run_prefix)]
+            names = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
             if names:
                 actor = ray.get_actor(names[0]["name"], namespace=names[0]["namespace"])
                 summary = ray.get(actor.summary.remote())
@@ -81,7 +84,7 @@ def test_worker_killed_inside_an_epoch_resumes_from_the_last_step_point_to_the_s
         mlflow={"tracking_uri": store, "experiment": "fault"},
     )
     killed: dict = {}
-    watcher = kill_a_worker_when(2, killed, "rayparallel:fault-kill-", inside=True)
+    watcher = kill_a_worker_when(2, killed, "fault-kill-", inside=True)
     result = rayparallel.train(spec, output_dir=tmp_path / "out", verbose=False)
     watcher.join(timeout=5)
     assert killed, "the worker was never killed"
@@ -114,7 +117,7 @@ def test_dead_or_hung_peer_is_detected_within_the_timeout(ray_address, tmp_path,
     timeout, name = 15, f"fault-{'dead' if sig == signal.SIGKILL else 'hung'}"
     spec = dict(LSTM, name=name, run={"collective_timeout_s": timeout})
     killed: dict = {}
-    watcher = kill_a_worker_when(1, killed, f"rayparallel:{name}-", sig=sig)
+    watcher = kill_a_worker_when(1, killed, f"{name}-", sig=sig)
     try:
         with pytest.raises(Exception) as info:
             rayparallel.train(spec, output_dir=tmp_path / "out", verbose=False)
@@ -242,7 +245,9 @@ def test_a_second_run_is_refused_and_ctrl_c_ends_the_run_cleanly(ray_address, tm
     assert run.info.status == "KILLED"
     time.sleep(2)  # the CLI's driver is gone, and with it every actor it owned
     assert not [
-        a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith("rayparallel:fault-sigint")
+        a
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["name"].startswith(recorder_name("fault-sigint"))
     ]
 
 

@@ -291,5 +291,5 @@ RecorderActor = ray.remote(num_cpus=0, concurrency_groups={"io": 1})(RunRecorder
 
 
 def recorder_name(ray_run_name: str) -> str:
-    """The live run's recorder is a named actor: a sweep's scheduler and tests find it by this."""
+    """The live run's recorder is a named actor, so a sweep's scheduler (and a test) can find it."""
     return f"rayparallel:{ray_run_name}"

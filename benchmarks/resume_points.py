@@ -26,7 +26,7 @@ def throughput(job: str, overrides: list[str], every: int | None, out: Path) -> 
 
     result = rayparallel.train(
         job,
-        [*overrides, f"run.resume_every_n_steps={every if every else 'null'}"],
+        overrides=[*overrides, f"run.resume_every_n_steps={every if every else 'null'}"],
         output_dir=out / f"run-{every}-{time.time_ns()}",
         verbose=False,
         resume=False,

@@ -40,7 +40,7 @@ def rayparallel_throughput(
 
     result = rayparallel.train(
         str(REPO / "jobs" / "vgg_classifier.yaml"),
-        [
+        overrides=[
             f"scaling.num_workers={workers}",
             f"train.epochs={epochs}",
             f"data.kwargs.repeat={repeat}",

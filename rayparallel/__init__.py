@@ -5,10 +5,11 @@
 """
 
 from .api import train, tune, validate
-from .checkpoint.export import export, load_model
+from .checkpoint.export import Exported, export, load_model
 from .errors import RayParallelError
 from .result import TrainResult
 from .spec import JobSpec, load_spec
+from .sweep.result import SweepResult
 from .version import __version__
 
 __all__ = [
@@ -20,6 +21,8 @@ __all__ = [
     "load_spec",
     "JobSpec",
     "TrainResult",
+    "SweepResult",
+    "Exported",
     "RayParallelError",
     "__version__",
 ]

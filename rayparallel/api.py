@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .result import TrainResult
-from .spec import JobSpec, load_spec
-from .spec.references import add_search_path
+from .spec import JobSpec, SpecSource, load_spec
 
 if TYPE_CHECKING:
-    from .sweep.driver import SweepResult
-    from .worker.preflight import Preflight
-
-SpecSource = str | os.PathLike | dict | JobSpec
+    from .sweep.result import SweepResult
 
 
 def validate(spec: SpecSource, overrides: Iterable[str] = ()) -> JobSpec:
@@ -29,14 +24,17 @@ def validate(spec: SpecSource, overrides: Iterable[str] = ()) -> JobSpec:
     >>> rayparallel.validate("jobs/stateful_lstm.yaml").per_worker_batch_size  # doctest: +SKIP
     4
     """
+    from .cluster.run import checked_job, ray_session
+
     job = load_spec(spec, overrides)
-    with _ray_for_checks(job, worker_logs=False):
-        _checked(job, ())
+    with ray_session(job, worker_logs=False, only_for_checks=True):
+        checked_job(job)
     return job
 
 
 def train(
     spec: SpecSource,
+    *,
     overrides: Iterable[str] = (),
     output_dir: str | os.PathLike | None = None,
     verbose: bool = True,
@@ -55,51 +53,22 @@ def train(
     >>> result = rayparallel.train("jobs/stateful_lstm.yaml", overrides=["train.epochs=2"])  # doctest: +SKIP
     >>> result.history[-1]["val_loss"]  # doctest: +SKIP
     """
-    return _train(spec, overrides, output_dir, verbose, worker_logs, resume, started_at=time.time())
+    from .cluster.run import run_job
 
-
-def _train(
-    spec: SpecSource,
-    overrides: Iterable[str],
-    output_dir: str | os.PathLike | None,
-    verbose: bool,
-    worker_logs: bool,
-    resume: bool | None,
-    started_at: float,
-    on_epoch: Callable[[int, dict], str | None] | None = None,
-) -> TrainResult:
-    """`train`, with the start-up clock's origin given (the CLI's: when its process started);
-    `on_epoch` sees every epoch's logs in this process and may end the run (see `Launch`)."""
-    from .cluster.run_state import differences, resumed_spec
-
-    overrides = list(overrides)
-    requested = load_spec(spec, overrides)
-    out = (Path(output_dir) if output_dir is not None else Path("runs") / requested.name).resolve()
-    recorded = resumed_spec(requested.to_dict(), overrides, out, resume)  # a resume continues its own job.yaml
-    changed = differences(recorded, requested.to_dict()) if recorded is not None else []
-    if changed and verbose:
-        print(
-            f"rayparallel: resuming the job recorded in {out / 'job.yaml'}, not the given one, which differs in "
-            + ", ".join(changed)
-        )
-    job = requested if recorded is None else load_spec(recorded, ())
-    with _ray_for_checks(job, worker_logs):
-        job, checks = _checked(job, (), native_logs=worker_logs)  # imports TensorFlow quietly
-
-        from .cluster.launch import Launch, checkpoint_dir, launch
-        from .files import ensure_writable
-
-        ensure_writable(out, "--output-dir")
-        ensure_writable(checkpoint_dir(job, out), "checkpoint.dir")
-        run = Launch(out, [os.getcwd()], checks.baselines, verbose, worker_logs, resume, started_at=started_at)
-        run.on_epoch, run.source, run.datasets, run.inputs = on_epoch, checks.source, checks.plans, checks.inputs
-        del checks  # the driver keeps no copy of a loader's arrays once launch has put them in the object store
-        run.mark("spec_checked")
-        return launch(job, run)
+    return run_job(
+        spec,
+        overrides=list(overrides),
+        output_dir=output_dir,
+        verbose=verbose,
+        worker_logs=worker_logs,
+        resume=resume,
+        started_at=time.time(),
+    )
 
 
 def tune(
     spec: SpecSource,
+    *,
     params: dict[str, str] | None = None,
     overrides: Iterable[str] = (),
     samples: int | None = None,
@@ -134,33 +103,4 @@ def tune(
     settings = replace(job.tune, params={**job.tune.params, **(params or {})})
     out = (Path(output_dir) if output_dir is not None else Path("runs") / f"{job.name}-tune").resolve()
     ensure_writable(out, "--output-dir")
-    return run_sweep(job, settings, out, resume, verbose, worker_logs)
-
-
-@contextlib.contextmanager
-def _ray_for_checks(job: JobSpec, worker_logs: bool) -> Iterator[None]:
-    """A Ray Data job is checked through Ray (a sample read, the row count): connect before the checks,
-    and stop a Ray started here at the end. Other jobs are checked before Ray starts (launch connects)."""
-    if job.data.dataset is None:
-        yield
-        return
-    import ray
-
-    from .cluster.connect import DATA_CPUS, connect, quiet_ray_data
-
-    started = connect(worker_logs, data_cpus=DATA_CPUS)
-    quiet_ray_data(worker_logs)
-    try:
-        yield
-    finally:
-        if started:
-            ray.shutdown()
-
-
-def _checked(spec: SpecSource, overrides: Iterable[str], native_logs: bool = False) -> tuple[JobSpec, Preflight]:
-    """The spec, then the workers' own checks run here first (imports from the working directory)."""
-    from .worker.preflight import preflight
-
-    job = load_spec(spec, overrides)
-    add_search_path([os.getcwd()])
-    return job, preflight(job, native_logs=native_logs)
+    return run_sweep(job, settings, out, resume=resume, verbose=verbose, worker_logs=worker_logs)

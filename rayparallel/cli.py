@@ -131,8 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, _interrupt)
             tune(
                 args.job,
-                dict(_param(item) for item in args.params),
-                args.overrides,
+                params=dict(_param(item) for item in args.params),
+                overrides=args.overrides,
                 samples=args.samples,
                 max_concurrent=args.max_concurrent,
                 metric=args.metric,
@@ -147,21 +147,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .checkpoint.export import export
 
             kwargs = _builder_kwargs(args.overrides)
-            path, weights, why = export(args.checkpoint, args.out, args.batch_size, args.unlisted, **kwargs)
+            done = export(args.checkpoint, out=args.out, batch_size=args.batch_size, unlisted=args.unlisted, **kwargs)
             changed = f" with {kwargs}" if kwargs else ""
-            print(f"exported {weights} ({why}) at batch size {args.batch_size}{changed} to {path}")
+            print(f"exported {done.weights} ({done.why}) at batch size {args.batch_size}{changed} to {done.path}")
         elif args.command == "validate":
             from .api import validate
 
             job = validate(args.job, args.overrides)
             print(f"{args.job}: valid ({job.scaling.described} workers x batch {job.batch_split()})")
         else:
-            from .api import _train
+            from .cluster.run import run_job
             from .startup import process_started_at
 
             signal.signal(signal.SIGTERM, _interrupt)  # `ray job stop` ends the run like Ctrl-C
-            shown = args.worker_logs or args.debug  # --debug also shows TensorFlow's and the workers' output
-            _train(args.job, args.overrides, args.output_dir, True, shown, args.resume, process_started_at())
+            run_job(
+                args.job,
+                overrides=args.overrides,
+                output_dir=args.output_dir,
+                worker_logs=args.worker_logs or args.debug,  # --debug also shows TensorFlow's and the workers' output
+                resume=args.resume,
+                started_at=process_started_at(),
+            )
     except KeyboardInterrupt:
         return 130
     except RayParallelError as exc:

@@ -42,3 +42,10 @@ class StepTimeoutError(RuntimeError):
     Not bad input: an infrastructure failure, so it keeps its traceback; its message names the
     rank that gave up and the setting to change.
     """
+
+
+def first_line(exc: BaseException, limit: int | None = None) -> str:
+    """An exception's message as one line (its type's name when it has none), for one-line errors."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else type(exc).__name__
+    return text[:limit] if limit else text

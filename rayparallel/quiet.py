@@ -15,6 +15,8 @@ import re
 import sys
 import tempfile
 
+from .hooks import set_env_defaults
+
 _NOTICE = re.compile(
     r"^(WARNING: All log messages before absl::InitializeLog\(\)"
     r"|[IW]\d{4} "  # absl INFO/WARNING lines: oneDNN, cudart stub, CPU features
@@ -29,7 +31,7 @@ def import_tensorflow(verbose: bool = False) -> None:
         import tensorflow  # noqa: F401
 
         return
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    set_env_defaults("tensorflow")
     with tempfile.TemporaryFile() as capture:
         try:
             with _stderr_to(capture.fileno()):

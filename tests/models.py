@@ -239,3 +239,15 @@ def write_rows(directory, rows: int) -> str:
     data = linear_rows(rows=rows, val_rows=0)
     columns = {"x": data["x_train"], "y": data["y_train"], "row": np.arange(rows)}
     return write_parquet(f"{directory}/train", columns)
+
+
+def ray_data_job(name: str, root, *overrides: str) -> dict:
+    """The small stateful LSTM job (global batch 6, 1 epoch) reading `root/train` and `root/val` through Ray Data."""
+    spec = lstm_job(name, "mlflow.enabled=false", "train.epochs=1", *overrides)
+    spec["data"] = {
+        "dataset": "tests.models:parquet_dataset",
+        "val_dataset": "tests.models:val_parquet",
+        "kwargs": {"path": str(root)},
+        "layout": "streams",
+    }
+    return spec

@@ -35,7 +35,7 @@ CNN = {
 def run(spec, tmp_path, workers, cpus):
     return rayparallel.train(
         spec,
-        [f"scaling.num_workers={workers}", f"scaling.resources_per_worker.CPU={cpus}"],
+        overrides=[f"scaling.num_workers={workers}", f"scaling.resources_per_worker.CPU={cpus}"],
         output_dir=tmp_path / f"{spec['name']}-{workers}",
         verbose=False,
     )
@@ -89,7 +89,7 @@ def test_xla_step_trains_the_same_model(cnn_one_worker, tmp_path):
     one = cnn_one_worker
     xla = rayparallel.train(
         CNN,
-        ["scaling.num_workers=2", "scaling.resources_per_worker.CPU=1", "train.jit_compile=true"],
+        overrides=["scaling.num_workers=2", "scaling.resources_per_worker.CPU=1", "train.jit_compile=true"],
         output_dir=tmp_path / "xla",
         verbose=False,
     )

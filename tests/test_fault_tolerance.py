@@ -167,13 +167,15 @@ def test_resume_continues_the_same_run_exactly_and_fresh_starts_anew(uninterrupt
     out = tmp_path / "out"
     store = f"sqlite:///{tmp_path}/mlflow.db"
     spec = dict(LSTM, name="fault-resume", mlflow={"tracking_uri": store})
-    first = rayparallel.train(spec, ["train.epochs=3"], output_dir=out)
+    first = rayparallel.train(spec, overrides=["train.epochs=3"], output_dir=out)
     with pytest.raises(RayParallelError) as refused:  # a resume continues the recorded job: no other model
-        rayparallel.train(spec, ["train.epochs=5", "data.kwargs.windows=10"], output_dir=out, resume=True)
+        rayparallel.train(spec, overrides=["train.epochs=5", "data.kwargs.windows=10"], output_dir=out, resume=True)
     assert str(refused.value).startswith(
         "--set data.kwargs.windows: expected only settings a resume may change (train.epochs, "
     )
-    resumed = rayparallel.train(spec, ["train.epochs=5"], output_dir=out, resume=True)  # continues after epoch 3
+    resumed = rayparallel.train(
+        spec, overrides=["train.epochs=5"], output_dir=out, resume=True
+    )  # continues after epoch 3
     printed = capsys.readouterr().out
     assert "resuming fault-resume-" in printed and "after epoch 3" in printed
     assert resumed.mlflow["run_id"] == first.mlflow["run_id"]
@@ -181,7 +183,7 @@ def test_resume_continues_the_same_run_exactly_and_fresh_starts_anew(uninterrupt
     error = max_relative_error(weights_of(resumed), weights_of(uninterrupted))
     print(f"resume 3 -> 5 epochs vs uninterrupted 5: max relative weight error {error:.2e}")
     assert error < 1e-5
-    fresh = rayparallel.train(spec, ["train.epochs=1"], output_dir=out, resume=False)
+    fresh = rayparallel.train(spec, overrides=["train.epochs=1"], output_dir=out, resume=False)
     printed = capsys.readouterr().out
     assert "(fresh)" in printed and fresh.mlflow["run_id"] != first.mlflow["run_id"]
     assert "moved 7 files of an earlier run aside" in printed  # 5 epochs, final, manifest: not beside the new ones
@@ -257,13 +259,13 @@ def test_damaged_resume_state_falls_back_to_the_newest_intact_checkpoint_on_any_
     out = tmp_path / "out"
     spec = dict(LSTM, name="fault-damaged")
     # keeps epoch ends 2 and 3 (num_to_keep 2) and points at steps 54 and 104 of epoch 3 (every 50 global steps)
-    rayparallel.train(spec, ["train.epochs=3", "run.resume_every_n_steps=50"], output_dir=out, verbose=False)
+    rayparallel.train(spec, overrides=["train.epochs=3", "run.resume_every_n_steps=50"], output_dir=out, verbose=False)
     recorded = json.loads((out / "run.json").read_text())
     folders = Path(recorded["storage_path"]) / recorded["ray_run_name"]
     (folders / "epoch-0003" / "state.npz").write_bytes(b"garbage, as a crash mid-write leaves it")
     # and on another worker count that does not divide the batch (2, 2, 1, 1 streams): the same model
     more = ["train.epochs=5", "scaling.num_workers=4", "scaling.resources_per_worker.CPU=0.5"]
-    resumed = rayparallel.train(dict(spec, name="renamed"), more, output_dir=out, resume=True)
+    resumed = rayparallel.train(dict(spec, name="renamed"), overrides=more, output_dir=out, resume=True)
     printed = capsys.readouterr().out
     assert "resuming the job recorded in" in printed and "differs in name" in printed  # the recorded job goes on
     ranks = sorted(resumed.workers, key=lambda w: w["rank"])

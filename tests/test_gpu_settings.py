@@ -26,7 +26,7 @@ def test_mixed_float16_skips_overflowing_steps_on_every_worker_and_trains(ray_ad
     initial = 2.0**30  # overflows float16 gradients: the first steps must be skipped, everywhere
     result = rayparallel.train(
         CNN,
-        [
+        overrides=[
             "scaling.num_workers=2",
             "run.collective_timeout_s=120",
             "train.epochs=3",

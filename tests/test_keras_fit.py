@@ -18,7 +18,7 @@ def assert_same_as_fit(spec: dict, builder, model, history: dict, tmp_path, labe
     """The run on each worker count in `counts` (2: the promise, N workers train what `fit` trains)."""
     for workers in counts:
         out = tmp_path / f"{spec['name']}-{workers}"
-        result = rayparallel.train(spec, [f"scaling.num_workers={workers}"], output_dir=out, verbose=False)
+        result = rayparallel.train(spec, overrides=[f"scaling.num_workers={workers}"], output_dir=out, verbose=False)
         error = max_relative_error(final_weights(result.final_weights, builder), model.get_weights())
         print(f"{label}: {workers} workers vs Keras fit, max relative weight error {error:.2e}")
         assert error < 1e-5

@@ -20,7 +20,9 @@ LSTM = lstm_job("perf-lstm", "train.epochs=3", "mlflow.enabled=false", "checkpoi
 def test_compressed_sync_trains_and_keeps_the_replicas_in_step(ray_address, tmp_path, mode):
     from tests.models import stateful_lstm
 
-    result = rayparallel.train(LSTM, [f"train.gradient_compression={mode}"], output_dir=tmp_path / mode, verbose=False)
+    result = rayparallel.train(
+        LSTM, overrides=[f"train.gradient_compression={mode}"], output_dir=tmp_path / mode, verbose=False
+    )
     losses = [epoch["loss"] for epoch in result.history]
     digests = {w["final_weights_sha256"] for w in result.workers}
     print(f"{mode} sync: loss per epoch {[round(x, 4) for x in losses]}")

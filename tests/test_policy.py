@@ -10,13 +10,13 @@ from rayparallel.spec import CheckpointSpec
 
 
 def saved(retention: Retention, epoch: int, **logs) -> list[str]:
-    point = SaveDecision(retention.spec).save_point(epoch, epoch * 10, 10, logs)
+    point = SaveDecision(retention.spec).to_save(epoch, epoch * 10, 10, logs)
     return [d.file for d in retention.record(point)]
 
 
 def test_filename_uses_keras_template_fields():
     decision = SaveDecision(CheckpointSpec(filepath="unet-{epoch:02d}-{val_loss:.4f}-{val_iou:.4f}.weights.h5"))
-    point = decision.save_point(3, 30, 10, {"val_loss": 0.123456, "val_iou": 0.5})
+    point = decision.to_save(3, 30, 10, {"val_loss": 0.123456, "val_iou": 0.5})
     assert point.file == "unet-03-0.1235-0.5000.weights.h5"
     assert (point.epoch, point.step, point.logs) == (3, 30, {"val_loss": 0.123456, "val_iou": 0.5})
 
@@ -32,10 +32,10 @@ def test_save_best_only_saves_only_improvements():
     decision = SaveDecision(CheckpointSpec(save_best_only=True, monitor="val_loss"))
     decisions = []
     for epoch, value in enumerate([0.5, 0.6, 0.4, 0.4, float("nan"), 0.3], start=1):
-        decisions.append(decision.save_point(epoch, epoch, 1, {"val_loss": value}) is not None)
+        decisions.append(decision.to_save(epoch, epoch, 1, {"val_loss": value}) is not None)
     assert decisions == [True, False, True, False, False, True]
     assert decision.best == 0.3
-    assert SaveDecision(CheckpointSpec(enabled=False)).save_point(1, 1, 1, {"val_loss": 0.1}) is None
+    assert SaveDecision(CheckpointSpec(enabled=False)).to_save(1, 1, 1, {"val_loss": 0.1}) is None
 
 
 def test_keep_best_k_plus_latest():

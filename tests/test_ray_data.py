@@ -16,22 +16,10 @@ from rayparallel.errors import RayParallelError
 from rayparallel.spec import load_spec
 
 from .helpers import final_weights, max_relative_error
-from .models import lstm_job, stateful_lstm, write_rows, write_sine_streams
+from .models import lstm_job, ray_data_job, stateful_lstm, write_rows, write_sine_streams
 
 pytestmark = pytest.mark.slow
 ONE_EPOCH = ("mlflow.enabled=false", "train.epochs=1")  # its 4 steps carry the streams' states from step to step
-
-
-def ray_data_job(name: str, root, *overrides: str) -> dict:
-    """The small stateful LSTM job (global batch 6, 1 epoch) reading `root/train` and `root/val` through Ray Data."""
-    spec = lstm_job(name, *ONE_EPOCH, *overrides)
-    spec["data"] = {
-        "dataset": "tests.models:parquet_dataset",
-        "val_dataset": "tests.models:val_parquet",
-        "kwargs": {"path": str(root)},
-        "layout": "streams",
-    }
-    return spec
 
 
 def test_streams_from_ray_data_train_the_loader_model(ray_address, tmp_path):
@@ -77,7 +65,7 @@ def test_shuffle_from_ray_data_uses_each_row_once_and_finishes_with_uneven_share
     (described,) = opened.descriptions  # what MLflow records
     assert described["rows"] == 101 and "shape=(4,)" in described["schema"]["x"] and "row" in described["schema"]
     assert described["source"] == str(tmp_path) and len(described["digest"]) == 10
-    iterators = rank_shards("shuffle", 8).configure(opened.plans, 2, None, None)
+    iterators = rank_shards("shuffle", 8).configure(opened.datasets, 2, None, None)
     steps = opened.input.steps(101, 8)
     seen: dict = {}
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 import rayparallel
-from tests.models import lstm_job
+from tests.models import lstm_job, ray_data_job, write_sine_streams
 
 from .helpers import REPO, cli
 
@@ -148,9 +148,25 @@ def test_sweep_bad_input_is_one_line_before_any_trial(ray_address, tmp_path):
     ]
     for params, settings, message in cases:
         with pytest.raises(rayparallel.RayParallelError) as error:
-            rayparallel.tune(job, params, output_dir=out, verbose=False, **settings)
+            rayparallel.tune(job, params=params, output_dir=out, verbose=False, **settings)
         assert message in str(error.value) and "\n" not in str(error.value), (params, settings, str(error.value))
     assert not (out / "tune.json").exists()
+
+
+def test_a_ray_data_sweep_checks_and_trains_on_the_ray_it_starts(tmp_path):
+    """No cluster: the sweep starts one local Ray with room for Ray Data's tasks beside a trial's two
+    workers, checks the job through it, runs every trial on it and shuts it down."""
+    root = tmp_path / "streams"
+    write_sine_streams(root, 6)
+    job = ray_data_job("tune-raydata", root, "scaling.num_workers=2")
+    job["tune"] = {"params": {"model.kwargs.units": "grid(2, 3)"}}
+    out = tmp_path / "sweep"
+    run = cli("tune", str(write_job(tmp_path, job)), "--output-dir", str(out), env={"RAY_ADDRESS": ""})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert [(r["trial"], r["status"]) for r in rows(out)] == [("trial-000", "FINISHED"), ("trial-001", "FINISHED")]
+    for trial in ("trial-000", "trial-001"):
+        result = json.loads((out / trial / "result.json").read_text())
+        assert len(result["workers"]) == 2 and np.isfinite(result["history"][-1]["val_loss"]), result
 
 
 def _env(ray_address: str) -> dict:

@@ -29,9 +29,9 @@ class CheckpointClient:
         self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rayparallel-ckpt")
         self._pending: list[Future] = []
 
-    def save(self, weights: list, point: Saved) -> None:
+    def save(self, weights: list, saved: Saved) -> None:
         """Returns at once; `weights` are tensors or arrays that nothing modifies afterwards."""
-        self._hand_over(self._send, weights, point)
+        self._hand_over(self._send, weights, saved)
 
     def save_resume_point(self, arrays: dict, meta: dict) -> None:
         """The same for a resume point inside an epoch (`arrays`: name -> tensor or array)."""
@@ -53,9 +53,9 @@ class CheckpointClient:
                 if raise_errors:
                     raise
 
-    def _send(self, weights: list, point: Saved) -> ray.ObjectRef:
+    def _send(self, weights: list, saved: Saved) -> ray.ObjectRef:
         arrays = [np.asarray(w) for w in weights]
-        return self._actor.save_checkpoint.remote(arrays, point)
+        return self._actor.save_checkpoint.remote(arrays, saved)
 
     def _send_resume_point(self, arrays: dict, meta: dict) -> ray.ObjectRef:
         return self._actor.save_resume_point.remote({k: np.asarray(v) for k, v in arrays.items()}, meta)

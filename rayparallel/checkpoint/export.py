@@ -8,10 +8,11 @@ shape, which do not depend on the batch size.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import RayParallelError
+from ..errors import RayParallelError, first_line
 from ..model import build_model
 from ..spec import ModelSpec
 from ..spec.references import add_search_path
@@ -101,7 +102,7 @@ def _rebuilt(
 
 def _misfit(recipe: ModelSpec, wanted: ModelSpec, model: keras.Model, path: Path, exc: Exception) -> str:
     """One line: the first layer whose weights differ in shape between the trained and the asked-for model."""
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    first = first_line(exc)
     if wanted.kwargs != recipe.kwargs:
         trained = build_model(recipe, 1)
         for old, new in zip(trained.layers, model.layers, strict=False):
@@ -119,19 +120,28 @@ def _misfit(recipe: ModelSpec, wanted: ModelSpec, model: keras.Model, path: Path
     )
 
 
+@dataclass(frozen=True)
+class Exported:
+    """What `export` wrote: the `.keras` file, the weights file it took, and why that one."""
+
+    path: Path
+    weights: Path
+    why: str  # "the best by val_loss", "the newest", "the file given"...
+
+
 def export(
     checkpoint: str | os.PathLike,
+    *,
     out: str | os.PathLike,
     batch_size: int = 1,
     unlisted: bool = False,
     **builder_kwargs: Any,
-) -> tuple[Path, Path, str]:
-    """Save the rebuilt model as a full `.keras` file (architecture + weights); returns the
-    file written, the weights file taken and why it was taken."""
+) -> Exported:
+    """Save the rebuilt model as a full `.keras` file (architecture + weights) at `batch_size`."""
     out = Path(out)
     if out.suffix != ".keras":
         raise RayParallelError(f"--out: expected a path ending in '.keras', received {str(out)!r}")
     model, weights, why = _rebuilt(checkpoint, batch_size, unlisted, builder_kwargs)
     out.parent.mkdir(parents=True, exist_ok=True)
     model.save(str(out))
-    return out, weights, why
+    return Exported(out, weights, why)

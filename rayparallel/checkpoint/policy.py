@@ -54,7 +54,7 @@ def check_against_metrics(spec: CheckpointSpec, epoch_keys: Iterable[str], step_
 
 @dataclass(frozen=True)
 class Saved:
-    """One save point: the file it is written to, where in training, and the figures then.
+    """One save: the file it is written to, where in training, and the figures then.
 
     The worker decides on it (:class:`SaveDecision`) and hands it over as one value; the
     manifest records it as it came.
@@ -93,8 +93,8 @@ class SaveDecision(_Monitored):
 
     best: float | None = None  # the monitor's best among saved files (kept by the recorder over restarts)
 
-    def save_point(self, epoch: int, step: int, batch: int, logs: dict) -> Saved | None:
-        """The save point for this moment, or None (checkpoints off, or not an improvement)."""
+    def to_save(self, epoch: int, step: int, batch: int, logs: dict) -> Saved | None:
+        """The save for this moment, or None (checkpoints off, or not an improvement)."""
         if not self.spec.enabled or (self.spec.save_best_only and not self._improves(logs)):
             return None
         if self._improves(logs):

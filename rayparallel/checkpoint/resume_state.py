@@ -107,3 +107,14 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: file.read(1 << 20), b""):
             sha.update(block)
     return sha.hexdigest()
+
+
+def write_point_keeping(run_folder: Path, arrays: dict[str, np.ndarray], meta: dict, keep: int) -> Path:
+    """A resume point inside an epoch, beside Ray's epoch ends; the oldest such points beyond `keep` go.
+
+    Ray's own retention (`CheckpointConfig(num_to_keep)`) deletes only the epoch ends it reported."""
+    folder = write_state_atomically(run_folder, position_name(meta["epoch"], meta["step"]), arrays, meta)
+    inside = sorted(f for f in points(run_folder) if "-step-" in f.name)
+    for old in inside[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return folder

@@ -32,20 +32,20 @@ class CheckpointWriter:
         self._model_lock = threading.Lock()
         self._recipe: dict | None = None
 
-    def save(self, weights: list[np.ndarray], point: Saved) -> Path:
-        """Write `point.file`, then delete what `keep` no longer keeps; returns the file."""
-        path = self.folder / point.file
+    def save(self, weights: list[np.ndarray], saved: Saved) -> Path:
+        """Write `saved.file`, then delete what `keep` no longer keeps; returns the file."""
+        path = self.folder / saved.file
         self.write(weights, path)
-        for dropped in self.retention.record(point):
-            if dropped.file != point.file:
+        for dropped in self.retention.record(saved):
+            if dropped.file != saved.file:
                 (self.folder / dropped.file).unlink(missing_ok=True)
         self._write_manifest()
         return path
 
-    def save_final(self, weights: list[np.ndarray], point: Saved) -> Path:
-        path = self.folder / point.file
+    def save_final(self, weights: list[np.ndarray], saved: Saved) -> Path:
+        path = self.folder / saved.file
         self.write(weights, path)
-        self.final, self.final_weights = point, weights
+        self.final, self.final_weights = saved, weights
         self._write_manifest()
         return path
 

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 import ray
 from ray.train.backend import Backend, BackendConfig
-from ray.train.v2._internal.util import TrainingFramework  # what Ray Train's state export records
+
+from ..hooks import hook
 
 if TYPE_CHECKING:
     from ray.train._internal.base_worker_group import BaseWorkerGroup
@@ -31,15 +32,12 @@ class TensorflowBackendConfig(BackendConfig):
         return _TensorflowBackend
 
     @property
-    def framework(self) -> TrainingFramework:
-        return TrainingFramework.TENSORFLOW
+    def framework(self):  # what Ray Train's state export records
+        return hook("training_framework").TENSORFLOW
 
 
 def _worker_address() -> str:
-    from ray._common.network_utils import build_address
-    from ray.train._internal.utils import get_address_and_port
-
-    return build_address(*get_address_and_port())
+    return hook("build_address")(*hook("address_and_port")())
 
 
 def _write_tf_config(worker_addresses: list[str], index: int) -> None:
@@ -58,3 +56,23 @@ class _TensorflowBackend(Backend):
                 for i in range(len(worker_group))
             ]
         )
+
+
+def trainer_class() -> type:
+    """Ray Train's data-parallel trainer without its placement-group cleaner.
+
+    The cleaner (a detached actor per run) removes the run's placement group once the state
+    API does not find the controller alive, and it takes a missing answer as death: on a
+    loaded node a live run's workers were destroyed mid-epoch ("its placement group was
+    removed"; ray-project/ray#65447 names the false death). The group is the controller's
+    own and goes with it, so nothing is left behind without the cleaner.
+    """
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    cleaner = hook("placement_group_cleaner")
+
+    class Trainer(DataParallelTrainer):
+        def _create_default_callbacks(self) -> list:  # Ray Train's, the cleaner left out
+            return [c for c in super()._create_default_callbacks() if not isinstance(c, cleaner)]
+
+    return Trainer

@@ -8,9 +8,9 @@ import os
 from collections.abc import Iterator
 
 import ray
-from ray._private import ray_logging  # the driver's log stream; no public switch once ray.init() ran
 
 from ..errors import RayParallelError
+from ..hooks import hook
 from ..spec import JobSpec
 
 WORKER_ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
@@ -63,7 +63,7 @@ def worker_output_shown(show: bool) -> Iterator[None]:
     Train's internal actors' messages; during a run without `worker_logs` they are held back
     (errors still arrive as exceptions) and the driver's own setting is restored afterwards.
     """
-    dispatcher = getattr(ray_logging, "global_worker_stdstream_dispatcher", None)
+    dispatcher = getattr(hook("ray_logging"), "global_worker_stdstream_dispatcher", None)
     handlers = [] if show or dispatcher is None else [h for h in dispatcher.handlers if h[0] == _PRINT_HANDLER]
     for name, _ in handlers:
         dispatcher.remove_handler(name)

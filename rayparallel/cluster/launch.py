@@ -7,7 +7,6 @@ progress events the recorder collects from rank 0. The recorder actor is named
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -23,45 +22,38 @@ from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ..checkpoint.manifest import set_aside
+from ..console import Say, interrupted, printer
 from ..errors import RayParallelError, StepTimeoutError
 from ..files import atomic_write_text
+from ..hooks import env_defaults
 from ..recorder.actor import RecorderActor, recorder_name
 from ..result import TrainResult, describe_stop
 from ..secrets import mask, mask_text
 from ..spec import JobSpec
 from ..startup import describe, relative
+from ..tracking.mlflow_run import chosen_tracking_uri
 from ..worker.datasets import rank_shards
 from ..worker.feed import DataSource
 from ..worker.loop import train_loop_per_worker
 from . import connect as cluster
-from .backend import TensorflowBackendConfig
+from .backend import TensorflowBackendConfig, trainer_class
 from .progress import ConsoleProgress, describe_resize, format_logs
-from .run_state import RunState, folder_held, plan_run
+from .run_state import RunPlan, folder_held
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
 
-# Ray Train's controller polls the workers this often (default 2 s), and a worker's
-# `ray.train.report` waits for the poll that takes its previous report: with the default,
-# every epoch of a short-epoch job lasted at least 2 s (the default job: 30 s of waiting
-# for 5 s of training). A user's own setting wins.
-HEALTH_CHECK_INTERVAL = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
-# After a lost node Ray's resource view still counts it for a while and the controller waits for
-# a worker group that cannot be placed (60 s by default) before it tries fewer workers.
-ELASTIC_START_TIMEOUT = ("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "20")
-
-
-@dataclass
+@dataclass(frozen=True)
 class Launch:
-    """How one run is launched: everything `train` was told besides the job spec."""
+    """How one run is launched, built once by `run_job`: the plan and everything `train` was told."""
 
     output_dir: Path
     search_path: list[str]  # where the user's modules import from (the driver's folder), in every process
+    plan: RunPlan  # the job, and the run it starts or resumes
     baselines: dict = field(default_factory=dict)  # the loader's figures, printed beside the model's
     verbose: bool = True
     worker_logs: bool = False
-    resume: bool | None = None  # True: continue the recorded run; False: fresh; None: resume if unfinished
     started_at: float = field(default_factory=time.time)  # the command's start: the clock of `startup`
     marks: dict[str, float] = field(default_factory=dict)  # the driver's start-up phases, unix time
     # Called with each epoch's global logs as they arrive; a returned reason ends the run as
@@ -71,154 +63,177 @@ class Launch:
     datasets: dict = field(default_factory=dict)  # Ray Data: the lazy datasets, by split, for Ray Train
     inputs: list[dict] = field(default_factory=list)  # the datasets as MLflow records them
 
+    @property
+    def spec(self) -> JobSpec:
+        return self.plan.spec
+
+    @property
+    def storage_path(self) -> str:
+        return self.plan.state.storage_path
+
     def mark(self, phase: str) -> None:
         self.marks.setdefault(phase, time.time())
 
 
-def launch(spec: JobSpec, run: Launch) -> TrainResult:
-    with folder_held(run.output_dir, spec.name):  # first: a second run into a live run's folder changes nothing
-        started_ray = cluster.connect(run.worker_logs)
-        run.mark("ray_ready")
-        try:
-            if started_ray or not os.environ.get("RAY_ADDRESS"):
-                cluster.check_capacity(spec)
-            with cluster.worker_output_shown(run.worker_logs):
-                return _fit(spec, run)
-        finally:
-            if started_ray:
-                ray.shutdown()
+def in_object_store(source: DataSource) -> DataSource:
+    """The loader's arrays put once into the object store, where every worker of a node reads them
+    without a copy; the driver keeps only the reference (a restarted worker group reads the same object)."""
+    if source.arrays is None or isinstance(source.arrays, ray.ObjectRef):
+        return source
+    return replace(source, arrays=ray.put(source.arrays))
 
 
-def _fit(spec: JobSpec, run: Launch) -> TrainResult:
-    output_dir = run.output_dir
-    say = partial(print, flush=True) if run.verbose else (lambda *_: None)  # at once, also into a `ray job` log
-    scaling_config = _scaling_config(spec)  # first: a Ray without elastic training is an error before any write
-    storage_path = spec.run.storage_path or str(output_dir / "ray_results")
-    state, point = plan_run(spec.name, output_dir, storage_path, run.resume)
+def launch(run: Launch) -> TrainResult:
+    """Run the planned job on the connected Ray; the output folder is held for the whole run."""
+    with folder_held(run.output_dir, run.spec.name):  # first: a second run into a live run's folder changes nothing
+        with cluster.worker_output_shown(run.worker_logs):
+            return _fit(run)
+
+
+def _fit(run: Launch) -> TrainResult:
+    say = printer(run.verbose)
+    scaling_config = _scaling_config(run.spec)  # first: a Ray without elastic training is an error before any write
+    job_file = _prepare_folder(run, say)
+    actor = _start_recorder(run)
+    try:
+        trainer = _trainer(run, actor, scaling_config)
+        # read by Ray Train's controller, which starts inside fit() with this process's environment
+        with env_defaults("train_driver", *(["elastic_driver"] if run.spec.scaling.elastic else [])):
+            progress = ConsoleProgress(run.spec.train.epochs) if run.verbose else None
+            error = _run_with_progress(trainer, actor, partial(_show, run, actor, say, progress))
+        result = _conclude(run, actor, error, job_file)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from `ray job stop` (see cli)
+        _end(actor, "KILLED", [job_file])
+        _record(run, "KILLED")
+        say(interrupted("train", run.output_dir, "MLflow run marked KILLED"))
+        raise
+    finally:  # the recorder is a named actor: a failed or interrupted run must not leave it behind either
+        ray.kill(actor)
+    if run.verbose:
+        _print_summary(result)
+    return result
+
+
+def _prepare_folder(run: Launch, say: Say) -> Path:
+    """The folder as the run starts: an earlier run's checkpoints set aside, job.yaml and run.json written."""
+    state, point = run.plan.state, run.plan.point
     for skipped in point.skipped if point else []:
         say(f"rayparallel: skipped a damaged resume checkpoint, {skipped}")
     if point:
         say(f"rayparallel: resuming {state.ray_run_name} after {point.position} ({point.folder})")
     else:
-        say(f"rayparallel: starting {state.ray_run_name} (fresh) in {output_dir}")
-        moved = set_aside(checkpoint_dir(spec, output_dir))
+        say(f"rayparallel: starting {state.ray_run_name} (fresh) in {run.output_dir}")
+        moved = set_aside(checkpoint_dir(run.spec, run.output_dir))
         if moved:
             say(f"rayparallel: moved {moved[1]} files of an earlier run aside, to {moved[0]}")
-    output_dir.mkdir(parents=True, exist_ok=True)
-    job_file = output_dir / "job.yaml"
-    atomic_write_text(job_file, yaml.safe_dump(mask(spec.to_dict()), sort_keys=False), "--output-dir")
-    state.save(output_dir)
+    run.output_dir.mkdir(parents=True, exist_ok=True)
+    job_file = run.output_dir / "job.yaml"
+    atomic_write_text(job_file, yaml.safe_dump(mask(run.spec.to_dict()), sort_keys=False), "--output-dir")
+    state.save(run.output_dir)
+    return job_file
 
+
+def _start_recorder(run: Launch) -> ActorHandle:
+    """The run's recorder, on this node (it writes the output folder), up before any worker starts."""
+    spec, state = run.spec, run.plan.state
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     actor = RecorderActor.options(name=recorder_name(state.ray_run_name), scheduling_strategy=here).remote(
         spec,
-        str(checkpoint_dir(spec, output_dir)),
+        str(checkpoint_dir(spec, run.output_dir)),
         run.search_path,
-        _tracking_config(spec, output_dir, state, run.inputs),
-        str(Path(storage_path).resolve() / state.ray_run_name) if spec.run.local_storage else None,
+        _tracking_config(run),
+        str(Path(run.storage_path).resolve() / state.ray_run_name) if spec.run.local_storage else None,
     )
     ray.get(actor.ping.remote())  # up; its MLflow run is created meanwhile, announced by an event
     run.mark("recorder_ready")
-    progress = ConsoleProgress(spec.train.epochs) if run.verbose else None
+    return actor
 
-    def show(event: dict) -> None:
-        if event["kind"] == "mlflow":  # the run exists: say where, and record it for --resume
-            say(_tracking_line("started", event["info"]))
-            state.mlflow_run_id = event["info"]["run_id"]
-            state.save(output_dir)
-        elif event["kind"] == "resize":
-            say(f"rayparallel: {describe_resize(event['resize'])}")
-        elif progress:
-            progress.show(event)
-        if event["kind"] == "epoch" and run.on_epoch:
-            reason = run.on_epoch(event["epoch"], event["logs"])
-            if reason:
-                actor.request_stop.remote(reason)
 
-    source = run.source or DataSource(rank_aware=True)
-    if source.arrays is not None and not isinstance(source.arrays, ray.ObjectRef):
-        # once per run into the object store, where every worker of a node reads it without a copy;
-        # the driver keeps only the reference (a restarted worker group reads the same object)
-        source = replace(source, arrays=ray.put(source.arrays))
-        run.source = source
+def _trainer(run: Launch, actor: ActorHandle, scaling_config: ScalingConfig) -> DataParallelTrainer:
+    spec = run.spec
     data_options = {}
     if run.datasets:
         data_options = dict(
             datasets=run.datasets, dataset_config=rank_shards(spec.data.layout, spec.train.global_batch_size)
         )
-    os.environ.setdefault(*HEALTH_CHECK_INTERVAL)  # read from here by the controller (Ray propagates it)
-    if spec.scaling.elastic:
-        os.environ.setdefault(*ELASTIC_START_TIMEOUT)
-    trainer = DataParallelTrainer(
+    return trainer_class()(
         train_loop_per_worker,
         backend_config=TensorflowBackendConfig(),
         train_loop_config={
             "spec": spec,
             "actor": actor,
             "search_path": run.search_path,
-            "output_dir": str(output_dir),
-            "source": source,
+            "output_dir": str(run.output_dir),
+            "source": run.source or DataSource(rank_aware=True),
         },
         **data_options,
         scaling_config=scaling_config,
         run_config=RunConfig(
-            name=state.ray_run_name,
-            storage_path=storage_path,
+            name=run.plan.state.ray_run_name,
+            storage_path=run.storage_path,
             checkpoint_config=CheckpointConfig(num_to_keep=spec.run.checkpoints_to_keep),
             failure_config=FailureConfig(max_failures=spec.failure.max_failures),
         ),
     )
 
-    def end(status: str, files: list[Path]) -> dict | None:
-        ray.get(actor.writes_done.remote())  # saves rank 0 handed over before a failure are good epochs: keep them
-        return ray.get(actor.finish.remote(status, [str(f) for f in files]))
 
-    def record(status: str) -> None:
-        """Last: a run interrupted before its MLflow run and result.json were complete is not finished yet."""
-        state.status = status
-        state.save(output_dir)
+def _show(run: Launch, actor: ActorHandle, say: Say, progress: ConsoleProgress | None, event: dict) -> None:
+    """One of the recorder's events on the console (and, for an epoch, to `on_epoch`)."""
+    state = run.plan.state
+    if event["kind"] == "mlflow":  # the run exists: say where, and record it for --resume
+        say(_tracking_line("started", event["info"]))
+        state.mlflow_run_id = event["info"]["run_id"]
+        state.save(run.output_dir)
+    elif event["kind"] == "resize":
+        say(f"rayparallel: {describe_resize(event['resize'])}")
+    elif progress:
+        progress.show(event)
+    if event["kind"] == "epoch" and run.on_epoch:
+        reason = run.on_epoch(event["epoch"], event["logs"])
+        if reason:
+            actor.request_stop.remote(reason)
 
-    try:
-        error = _run_with_progress(trainer, actor, show)
-        if error is not None:
-            end("FAILED", [job_file])
-            record("FAILED")
-            user_error = _user_error(error, storage_path)
-            if user_error:
-                raise user_error
-            reason = ray.get(actor.failure.remote())  # a worker that ended itself left its reason here
-            if reason:
-                raise StepTimeoutError(reason) from error
-            raise error
 
-        summary = ray.get(actor.summary.remote())
-        startup = relative({**summary.pop("startup_marks"), **run.marks}, run.started_at)
-        result = TrainResult(
-            name=spec.name,
-            output_dir=str(output_dir),
-            seconds=time.time() - run.started_at,
-            baselines=run.baselines,
-            mlflow=ray.get(actor.tracking_info.remote(0)) or {},
-            startup=startup,
-            time_to_first_step_s=startup.get("first_step_done"),
-            **summary,
-        )
-        result_file = result.write()
-        result.mlflow = end("FINISHED", [job_file, result_file]) or {}
-        result.write()
-        record("FINISHED")
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from `ray job stop` (see cli)
-        end("KILLED", [job_file])
-        record("KILLED")
-        say(
-            f"\nrayparallel: interrupted; MLflow run marked KILLED; continue with: rayparallel train ... --resume "
-            f"--output-dir {output_dir}"
-        )
-        raise
-    finally:  # the recorder is a named actor: a failed or interrupted run must not leave it behind either
-        ray.kill(actor)
-    if run.verbose:
-        _print_summary(result)
+def _end(actor: ActorHandle, status: str, files: list[Path]) -> dict | None:
+    """The recorder's last writes and its MLflow run ended; returns what the MLflow run became."""
+    ray.get(actor.writes_done.remote())  # saves rank 0 handed over before a failure are good epochs: keep them
+    return ray.get(actor.finish.remote(status, [str(f) for f in files]))
+
+
+def _record(run: Launch, status: str) -> None:
+    """Last: a run interrupted before its MLflow run and result.json were complete is not finished yet."""
+    run.plan.state.status = status
+    run.plan.state.save(run.output_dir)
+
+
+def _conclude(run: Launch, actor: ActorHandle, error: BaseException | None, job_file: Path) -> TrainResult:
+    """The run's result, written; or, when the trainer failed, the error a user can act on."""
+    if error is not None:
+        _end(actor, "FAILED", [job_file])
+        _record(run, "FAILED")
+        reason = user_error(error, run.storage_path)
+        if reason:
+            raise reason
+        reason = ray.get(actor.failure.remote())  # a worker that ended itself left its reason here
+        if reason:
+            raise StepTimeoutError(reason) from error
+        raise error
+    summary = ray.get(actor.summary.remote())
+    startup = relative({**summary.pop("startup_marks"), **run.marks}, run.started_at)
+    result = TrainResult(
+        name=run.spec.name,
+        output_dir=str(run.output_dir),
+        seconds=time.time() - run.started_at,
+        baselines=run.baselines,
+        mlflow=ray.get(actor.tracking_info.remote(0)) or {},
+        startup=startup,
+        time_to_first_step_s=startup.get("first_step_done"),
+        **summary,
+    )
+    result_file = result.write()
+    result.mlflow = _end(actor, "FINISHED", [job_file, result_file]) or {}
+    result.write()
+    _record(run, "FINISHED")
     return result
 
 
@@ -265,19 +280,18 @@ def _scaling_config(spec: JobSpec) -> ScalingConfig:
     )
 
 
-def _tracking_config(spec: JobSpec, output_dir: Path, state: RunState, inputs: list[dict]) -> dict | None:
+def _tracking_config(run: Launch) -> dict | None:
+    spec, state = run.spec, run.plan.state
     if not spec.mlflow.enabled:
         return None
-    import mlflow
-
     return {
-        "tracking_uri": spec.mlflow.tracking_uri or mlflow.get_tracking_uri(),
+        "tracking_uri": chosen_tracking_uri(spec.mlflow.tracking_uri),
         "experiment": spec.mlflow.experiment or spec.name,
         "run_name": spec.mlflow.run_name or state.ray_run_name,
         "tags": dict(mask(spec.mlflow.tags), **{"rayparallel.ray_run_name": state.ray_run_name}),
-        "unlogged_path": output_dir / "mlflow_unlogged.json",
+        "unlogged_path": run.output_dir / "mlflow_unlogged.json",
         "resume_run_id": state.mlflow_run_id,
-        "inputs": inputs,
+        "inputs": run.inputs,
     }
 
 
@@ -292,7 +306,7 @@ def checkpoint_dir(spec: JobSpec, output_dir: Path) -> Path:
     return Path(spec.checkpoint.dir).resolve() if spec.checkpoint.dir else output_dir / "checkpoints"
 
 
-def _user_error(error: BaseException, storage_path: str) -> RayParallelError | None:
+def user_error(error: BaseException, storage_path: str) -> RayParallelError | None:
     """The user's bad input raised inside a worker, unwrapped from Ray's failure wrappers."""
     if "Unable to set up cluster storage" in str(error):  # Ray Train's check from every node
         return RayParallelError(

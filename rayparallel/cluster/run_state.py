@@ -23,7 +23,7 @@ from ..checkpoint.resume_state import META, describe_position, newest_intact, po
 from ..errors import RayParallelError
 from ..files import atomic_write_text
 from ..secrets import MASK, mask
-from ..spec import apply_overrides
+from ..spec import JobSpec, load_spec
 
 RUN_FILE = "run.json"
 LOCK_FILE = ".rayparallel.lock"
@@ -105,30 +105,6 @@ RESUMABLE = (
 )
 
 
-def resumed_spec(requested: dict, overrides: Sequence[str], output_dir: Path, resume: bool | None) -> dict | None:
-    """The job a resume continues: the run's own `job.yaml` with `overrides` applied, which may
-    only change RESUMABLE keys; None when this run will not resume (see `plan_run`).
-
-    `job.yaml` is written with secrets masked; where a masked value matches the requested
-    spec's, the requested (real) value is used.
-    """
-    previous = read_state(output_dir)
-    recorded_file = output_dir / "job.yaml"
-    # any point at all: which one is intact is `plan_run`'s check (it reads every checksum once)
-    if not _wants_resume(previous, resume) or not recorded_file.is_file() or not previous.points():
-        return None
-    keys = [item.partition("=")[0].strip() for item in overrides]
-    refused = [key for key in keys if not key.startswith(RESUMABLE) and key not in RESUMABLE]
-    if refused:
-        raise RayParallelError(
-            f"--set {', '.join(refused)}: expected only settings a resume may change ({', '.join(RESUMABLE)}), "
-            f"received a change to {', '.join(refused)}: a resume continues the recorded {recorded_file}; "
-            "start anew with --fresh"
-        )
-    recorded = _unmasked(yaml.safe_load(recorded_file.read_text()), requested)
-    return apply_overrides(recorded, overrides)
-
-
 def differences(a: dict, b: dict, prefix: str = "") -> list[str]:
     """The dotted keys whose values differ between two nested dicts."""
     keys = []
@@ -153,28 +129,57 @@ def _wants_resume(previous: RunState | None, resume: bool | None) -> bool:
     return resume is True or (resume is None and previous is not None and previous.status != "FINISHED")
 
 
-def plan_run(
-    name: str, output_dir: Path, storage_path: str, resume: bool | None
-) -> tuple[RunState, ResumePoint | None]:
-    """The run to start: a new one, or the recorded one when resuming (see module doc)."""
-    previous = read_state(output_dir)
+@dataclass(frozen=True)
+class RunPlan:
+    """The run `train` starts, decided once before anything starts (see module doc)."""
+
+    spec: JobSpec  # the requested job, or, resuming, the recorded job.yaml with the overrides applied
+    state: RunState  # a new run, or the recorded one
+    point: ResumePoint | None  # where a resume continues; None: a fresh run
+    changed: list[str]  # keys where the requested job differs from the resumed one (a resume runs its own)
+
+
+def plan_run(requested: JobSpec, overrides: Sequence[str], output_dir: Path, resume: bool | None) -> RunPlan:
+    """A fresh run of `requested`, or the recorded run of `output_dir` when resuming.
+
+    A resume continues the run's own `job.yaml`; `overrides` may change only RESUMABLE keys
+    (an override that sets a key to the value it already has changes nothing and is accepted).
+    `job.yaml` is written with secrets masked: where a masked value matches the requested
+    spec's, the requested (real) value is used.
+    """
+    previous = read_run_state(output_dir)
     point = previous.resume_point() if previous and _wants_resume(previous, resume) else None
     if resume is True and point is None:
         raise RayParallelError(
             f"--resume: expected a previous run with a saved epoch in {str(output_dir)!r}, received "
             + ("none (no run.json)" if previous is None else f"run {previous.ray_run_name!r} without a completed epoch")
         )
-    if point is not None:
-        previous.status = "RUNNING"
-        return previous, point
-    # the suffix: runs of one job started in the same second (a sweep's trials) get their own recorder
-    fresh = RunState(
-        ray_run_name=f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(2).hex()}", storage_path=storage_path
-    )
-    return fresh, None
+    if point is None:
+        # the suffix: runs of one job started in the same second (a sweep's trials) get their own recorder
+        name = f"{requested.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(2).hex()}"
+        storage_path = requested.run.storage_path or str(output_dir / "ray_results")
+        return RunPlan(requested, RunState(ray_run_name=name, storage_path=storage_path), None, [])
+    recorded_file = output_dir / "job.yaml"
+    recorded = requested  # a folder from before job.yaml was written: the requested job is the run's
+    if recorded_file.is_file():
+        recorded = load_spec(_unmasked(yaml.safe_load(recorded_file.read_text()), requested.to_dict()))
+    resumed = load_spec(recorded, overrides)
+    refused = [key for key in differences(recorded.to_dict(), resumed.to_dict()) if not resumable(key)]
+    if refused:
+        raise RayParallelError(
+            f"--set {', '.join(refused)}: expected only settings a resume may change ({', '.join(RESUMABLE)}), "
+            f"received a change to {', '.join(refused)}: a resume continues the recorded {recorded_file}; "
+            "start anew with --fresh"
+        )
+    previous.status = "RUNNING"
+    return RunPlan(resumed, previous, point, differences(resumed.to_dict(), requested.to_dict()))
 
 
-def read_state(output_dir: Path) -> RunState | None:
+def resumable(key: str) -> bool:
+    return key in RESUMABLE or key.startswith(tuple(k for k in RESUMABLE if k.endswith(".")))
+
+
+def read_run_state(output_dir: Path) -> RunState | None:
     """The folder's `run.json`, or None when it has none."""
     path = output_dir / RUN_FILE
     if not path.is_file():

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import RayParallelError
+from ..errors import RayParallelError, first_line
 from ..secrets import without_credentials
 from ..spec import load_spec
 
@@ -125,7 +125,7 @@ def _client(address: str):
             f"~/.ray/auth_token; `ray get-auth-token` on the head prints it), received {received}"
         ) from None
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise RayParallelError(
             f"--address: expected a Ray dashboard (http://HEAD:8265), received no answer at {address!r} ({first[:200]})"
         ) from None

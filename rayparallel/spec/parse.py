@@ -18,7 +18,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from ..errors import SpecError, describe
+from ..errors import SpecError, describe, first_line
 from .schema import JobSpec
 
 _POSITIVE = {
@@ -56,10 +56,13 @@ def load_yaml(text: str) -> Any:
     >>> load_yaml("learning_rate: 1e-4")
     {'learning_rate': 0.0001}
     """
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
+    return yaml.load(text, Loader=_Loader)
 
 
-def load_spec(source: str | os.PathLike | dict | JobSpec, overrides: Iterable[str] = ()) -> JobSpec:
+SpecSource = str | os.PathLike | dict | JobSpec  # a job: its YAML's path, the YAML as a dict, or a loaded spec
+
+
+def load_spec(source: SpecSource, overrides: Iterable[str] = ()) -> JobSpec:
     """Read a job from a YAML path (or a dict), apply `key.path=value` overrides, validate.
 
     >>> spec = load_spec("jobs/stateful_lstm.yaml", overrides=["train.epochs=2"])  # doctest: +SKIP
@@ -84,7 +87,7 @@ def read_yaml(path: Path) -> dict:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        problem = getattr(exc, "problem", None) or first_line(exc)
         raise SpecError(f"{path}:{where}: expected valid YAML, received a syntax error: {problem}") from None
     if not isinstance(raw, dict):
         raise SpecError(f"{path}: expected a mapping of sections (name, model, data, ...), received {describe(raw)}")

@@ -12,15 +12,19 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import RayParallelError, SpecError
+from ..cluster.run import checked_job, ray_session
+from ..console import interrupted, printer
+from ..errors import RayParallelError, SpecError, first_line
 from ..files import atomic_write_text
+from ..hooks import env_defaults
 from ..spec import JobSpec, load_spec
 from ..spec.schema import TuneSpec
 from .outcomes import TrialOutcome, best_outcome, format_table, read_outcome, write_csv
+from .result import SweepResult
 from .space import Trial, parse_space, plan_trials
 
 if TYPE_CHECKING:
@@ -28,21 +32,6 @@ if TYPE_CHECKING:
 
 PLAN_FILE = "tune.json"
 RESULTS_FILE = "tune_results.csv"
-
-
-@dataclass
-class SweepResult:
-    """What `rayparallel.tune` returns; `trials` are the rows of `tune_results.csv`."""
-
-    output_dir: str
-    metric: str
-    mode: str
-    trials: list[dict]
-    best_trial: str | None
-    best_value: float | None
-    best_weights: str | None  # the best trial's final weights: `rayparallel export` takes it as it is
-    results_csv: str
-    mlflow: dict = field(default_factory=dict)  # the parent run: run_id, url, experiment
 
 
 @dataclass
@@ -73,11 +62,12 @@ def run_sweep(
     job: JobSpec,
     settings: TuneSpec,
     output_dir: Path,
-    resume: bool,
-    verbose: bool,
-    worker_logs: bool,
+    *,
+    resume: bool = False,
+    verbose: bool = True,
+    worker_logs: bool = False,
 ) -> SweepResult:
-    say = print if verbose else (lambda *_: None)
+    say = printer(verbose)
     if resume:
         plan = Plan.read(output_dir)
         settings = TuneSpec(**plan.settings)
@@ -87,16 +77,11 @@ def run_sweep(
         plan = Plan(asdict(settings), [asdict(t) for t in plan_trials(spaces, settings.samples, settings.seed)])
     trials = plan.trial_list()
     jobs = {t.id: trial_job(job, t) for t in trials}  # every trial's spec checked before any starts
-    metric, keys = _checked_metric(settings, jobs[trials[0].id])
-    plan.settings = asdict(replace(settings, metric=metric))
-
-    from ..cluster import connect as cluster
-
-    started_ray = cluster.connect(worker_logs)
-    try:
-        concurrent = _concurrency(
-            jobs, settings.max_concurrent, checked=started_ray or not os.environ.get("RAY_ADDRESS")
-        )
+    # the trials' Ray, which a Ray Data job's checks read through; MLflow's client fails fast (the parent run's too)
+    with ray_session(job, worker_logs) as whole_cluster, env_defaults("mlflow"):
+        metric, keys = _checked_metric(settings, jobs[trials[0].id])
+        plan.settings = asdict(replace(settings, metric=metric))
+        concurrent = _concurrency(jobs, settings.max_concurrent, checked=whole_cluster)
         parent = _parent_run(job, plan.mlflow_parent_run_id) if job.mlflow.enabled else None
         if parent:
             plan.mlflow_parent_run_id = parent.run_id
@@ -121,17 +106,10 @@ def run_sweep(
             except KeyboardInterrupt:
                 if parent:
                     parent.end("KILLED")
-                say(
-                    f"\nrayparallel: interrupted; continue with: rayparallel tune ... --resume --output-dir {output_dir}"
-                )
+                say(interrupted("tune", output_dir))
                 raise
         outcomes = [read_outcome(t, output_dir / t.id, metric, settings.mode, errors.get(t.id)) for t in trials]
         return _conclude(job, outcomes, metric, settings.mode, output_dir, parent, say)
-    finally:
-        if started_ray:
-            import ray
-
-            ray.shutdown()
 
 
 def trial_job(job: JobSpec, trial: Trial) -> JobSpec:
@@ -144,10 +122,7 @@ def trial_job(job: JobSpec, trial: Trial) -> JobSpec:
 
 def _checked_metric(settings: TuneSpec, first_job: JobSpec) -> tuple[str, list[str]]:
     """The job's own checks on the first trial (builder, data, names) and the metric it reports."""
-    from ..api import _checked
-
-    _, checks = _checked(first_job, ())
-    keys = checks.epoch_keys
+    keys = checked_job(first_job).epoch_keys
     metric = settings.metric or ("val_loss" if "val_loss" in keys else "loss")
     if metric not in keys:
         raise SpecError(
@@ -178,13 +153,14 @@ def _concurrency(jobs: dict[str, JobSpec], requested: int | None, checked: bool)
 
 
 def _parent_run(job: JobSpec, run_id: str | None) -> SweepRun:
-    import mlflow
-
+    from ..tracking.mlflow_run import chosen_tracking_uri
     from ..tracking.sweep_run import SweepRun
 
-    uri = job.mlflow.tracking_uri or mlflow.get_tracking_uri()
     return SweepRun(
-        uri, job.mlflow.experiment or job.name, f"{job.name}-sweep-{time.strftime('%Y%m%d-%H%M%S')}", run_id
+        chosen_tracking_uri(job.mlflow.tracking_uri),
+        job.mlflow.experiment or job.name,
+        f"{job.name}-sweep-{time.strftime('%Y%m%d-%H%M%S')}",
+        run_id,
     )
 
 
@@ -224,12 +200,10 @@ def _tune(
     worker_logs: bool,
 ) -> dict[str, str]:
     """Ray Tune over the pending trials; returns the failed trials' errors (first line)."""
-    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # our files are the record
-    os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")  # Ctrl-C ends trials as an interrupted run does
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # its reporter honours verbose=0: our console shows progress
     import ray
     from ray import tune
 
+    from ..cluster.launch import user_error
     from .console import SweepConsole
     from .trial import TrialSetup, asha_scheduler, trainable
 
@@ -262,10 +236,11 @@ def _tune(
     level = tune_log.level
     tune_log.setLevel(logging.CRITICAL)  # a failed trial's traceback: its one line is in our table
     try:
-        grid = tuner.fit()
+        with env_defaults("tune_driver"):
+            grid = tuner.fit()
     finally:
         tune_log.setLevel(level)
-    return {r.config["trial"]: _first_line(r.error) for r in grid if r.error is not None}
+    return {r.config["trial"]: first_line(user_error(r.error, "") or r.error) for r in grid if r.error is not None}
 
 
 def _conclude(
@@ -313,12 +288,3 @@ def _best_model(best: TrialOutcome, batch_size: int):
     from ..checkpoint.export import load_model
 
     return load_model(best.final_weights, batch_size)
-
-
-def _first_line(error: BaseException) -> str:
-    """A trial's error as one line: the user's own error when it is one of ours."""
-    from ..cluster.launch import _user_error
-
-    inner = _user_error(error, "") or error
-    text = str(inner).strip().splitlines()
-    return text[0] if text else type(inner).__name__

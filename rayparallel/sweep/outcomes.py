@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cluster.run_state import read_state
+from ..cluster.run_state import read_run_state
 from .space import Trial
 
 
@@ -43,7 +43,7 @@ class TrialOutcome:
 
 def read_outcome(trial: Trial, folder: Path, metric: str, mode: str, error: str | None = None) -> TrialOutcome:
     """From `run.json` (status) and `result.json` (written when the run finished)."""
-    state, result_file = read_state(folder), folder / "result.json"
+    state, result_file = read_run_state(folder), folder / "result.json"
     status = state.status if state else "PENDING"
     if error:  # failed before its run began (a bad value), or its process was lost
         status = "FAILED"

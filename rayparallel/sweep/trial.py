@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..hooks import hook
+
 if TYPE_CHECKING:
     from ray.tune.schedulers import TrialScheduler
 
@@ -41,7 +43,7 @@ class TrialSetup:
 def run_trial(config: dict, setup: TrialSetup) -> None:
     from ray import tune
 
-    from ..api import _train
+    from ..cluster.run import run_job
 
     os.chdir(setup.workdir)  # Tune starts a trial in its own folder
     told: list[int] = []
@@ -58,12 +60,19 @@ def run_trial(config: dict, setup: TrialSetup) -> None:
 
     trial = config["trial"]
     out = Path(setup.output_dir) / trial
-    _train(setup.jobs[trial], (), out, False, setup.worker_logs, setup.resume, time.time(), on_epoch=report)
+    run_job(
+        setup.jobs[trial],
+        output_dir=out,
+        verbose=False,
+        worker_logs=setup.worker_logs,
+        resume=setup.resume,
+        started_at=time.time(),
+        on_epoch=report,
+    )
 
 
 def trainable(setup: TrialSetup) -> type:
     """The Tune trainable: a function trainable whose stop waits for the run to end."""
-    from ray.train._internal.session import get_session
     from ray.tune.trainable.function_trainable import wrap_function
 
     base = wrap_function(functools.partial(run_trial, setup=setup), name="rayparallel_trial")
@@ -72,7 +81,7 @@ def trainable(setup: TrialSetup) -> type:
         def cleanup(self) -> None:
             # Tune's own cleanup does not wait for the function's thread, and the actor goes
             # once it returns; the run needs its last epoch and its files written first.
-            get_session().finish(timeout=STOP_GRACE_S)
+            hook("train_session")().finish(timeout=STOP_GRACE_S)
             super().cleanup()
 
     return RayParallelTrial
@@ -106,10 +115,10 @@ def request_stop(trial_folder: Path, reason: str) -> bool:
     """Ask the trial's live run (its recorder, named after the Ray run in run.json) to end."""
     import ray
 
-    from ..cluster.run_state import read_state
+    from ..cluster.run_state import read_run_state
     from ..recorder.actor import recorder_name
 
-    state = read_state(trial_folder)
+    state = read_run_state(trial_folder)
     if state is None:
         return False
     try:

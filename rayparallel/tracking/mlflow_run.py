@@ -18,11 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..errors import first_line
+from ..hooks import set_env_defaults
 from ..secrets import mask, mask_text, without_credentials
-
-# Fail fast inside MLflow's HTTP client; retries are ours, without blocking training.
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 
 
 def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
@@ -48,6 +46,25 @@ def experiment_id(client: Any, name: str, tracking_uri: str) -> str:
     if found:
         return found.experiment_id
     return client.create_experiment(name, artifact_location=artifact_root(tracking_uri))
+
+
+def chosen_tracking_uri(configured: str | None) -> str:
+    """The job's `mlflow.tracking_uri`, else MLflow's own choice (`MLFLOW_TRACKING_URI`, else `sqlite:///mlflow.db`)."""
+    if configured:
+        return configured
+    import mlflow
+
+    return mlflow.get_tracking_uri()
+
+
+def open_run(client: Any, tracking_uri: str, experiment: str, run_name: str, run_id: str | None) -> tuple[str, str]:
+    """(experiment id, run id): the run `run_id` reopened as RUNNING (a resume), else a new run."""
+    if run_id:
+        found = client.get_run(run_id).info.experiment_id
+        client.update_run(run_id, status="RUNNING")
+        return found, run_id
+    created = experiment_id(client, experiment, tracking_uri)
+    return created, client.create_run(created, run_name=run_name).info.run_id
 
 
 def log_keras_model(tracking_uri: str, run_id: str, model: Any, registered_model_name: str | None) -> None:
@@ -88,6 +105,7 @@ class MlflowRun:
         resume_run_id: str | None = None,
         inputs: list[dict] | None = None,
     ):
+        set_env_defaults("mlflow")  # the recorder's process: MLflow's own retries would hold up the queue
         self.tracking_uri, self.experiment, self.run_name = tracking_uri, experiment, run_name
         self.run_id: str | None = resume_run_id
         self.unlogged_path = unlogged_path
@@ -166,13 +184,13 @@ class MlflowRun:
             try:
                 self._apply(kind, payload)
             except Exception as exc:  # the server is down or refused: keep it queued, retry later
-                first_line = str(exc).splitlines()[0][:200] if str(exc) else ""
-                self.last_error = mask_text(f"{kind}: {type(exc).__name__}: {first_line}")
+                line = first_line(exc, 200)
+                self.last_error = mask_text(f"{kind}: {type(exc).__name__}: {line}")
                 if self._failing_since is None:
                     self._failing_since = time.monotonic()
                     self._notify(
                         mask_text(
-                            f"MLflow: cannot log to {self.tracking_uri} ({type(exc).__name__}: {first_line}); "
+                            f"MLflow: cannot log to {self.tracking_uri} ({type(exc).__name__}: {line}); "
                             "training goes on, metrics are kept and retried"
                         )
                     )
@@ -196,16 +214,15 @@ class MlflowRun:
         enter_working_directory(self._working_directory)
         client = MlflowClient(self.tracking_uri)
         if kind == "start":
-            if self.run_id:  # resumed: the same run goes on; epochs it has already are not logged twice
-                run = client.get_run(self.run_id)
-                client.update_run(self.run_id, status="RUNNING")
-                self.experiment_id = run.info.experiment_id
+            resumed = self.run_id is not None
+            self.experiment_id, self.run_id = open_run(
+                client, self.tracking_uri, self.experiment, self.run_name, self.run_id
+            )
+            if resumed:  # the same run goes on; epochs it has already are not logged twice
                 self._logged_steps = {
-                    key: max(m.step for m in client.get_metric_history(self.run_id, key)) for key in run.data.metrics
+                    key: max(m.step for m in client.get_metric_history(self.run_id, key))
+                    for key in client.get_run(self.run_id).data.metrics
                 }
-            else:
-                self.experiment_id = experiment_id(client, self.experiment, self.tracking_uri)
-                self.run_id = client.create_run(self.experiment_id, run_name=self.run_name).info.run_id
             self._started.set()
         elif kind == "params":
             params = [Param(k, v) for k, v in payload["params"].items()]

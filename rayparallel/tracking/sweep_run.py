@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import RayParallelError
+from ..errors import RayParallelError, first_line
 from ..secrets import mask_text
-from .mlflow_run import experiment_id, log_keras_model, run_url
+from .mlflow_run import log_keras_model, open_run, run_url
 
 if TYPE_CHECKING:
     import keras
@@ -30,19 +30,13 @@ class SweepRun:
         self.tracking_uri, self.experiment = tracking_uri, experiment
         self.client = MlflowClient(tracking_uri)
         try:
-            if run_id:
-                self.experiment_id = self.client.get_run(run_id).info.experiment_id
-                self.client.update_run(run_id, status="RUNNING")
-            else:
-                self.experiment_id = experiment_id(self.client, experiment, tracking_uri)
-                run_id = self.client.create_run(self.experiment_id, run_name=run_name).info.run_id
+            self.experiment_id, self.run_id = open_run(self.client, tracking_uri, experiment, run_name, run_id)
         except Exception as exc:  # MLflow raises its own and the HTTP client's errors
-            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
             raise RayParallelError(
                 f"mlflow.tracking_uri: expected a reachable MLflow store for the sweep's parent run, received "
-                f"{mask_text(tracking_uri)!r} ({type(exc).__name__}: {mask_text(first)}); or set mlflow.enabled=false"
+                f"{mask_text(tracking_uri)!r} ({type(exc).__name__}: {mask_text(first_line(exc, 200))}); "
+                "or set mlflow.enabled=false"
             ) from None
-        self.run_id: str = run_id
 
     @property
     def url(self) -> str | None:

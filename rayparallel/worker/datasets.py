@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import DataError, describe
+from ..errors import DataError, describe, first_line
+from ..hooks import env_defaults
 from ..spec import DataSpec
 from ..spec.references import resolve
 from ..spec.schema import rank_rows
@@ -34,12 +35,6 @@ if TYPE_CHECKING:
     from ray.train import DataConfig
 
 STREAM_COLUMNS = ("stream", "t")
-# Ray Data's parquet reader lists files on this many new actors (Ray's default: 32) every time a
-# plan runs, and every worker runs its plan once an epoch: on a small node that was 1-3 s of
-# process start-up per worker per epoch. One actor reads the footers (128 reads at once); the
-# reader keeps the value it finds when `read_parquet` is called, so it is set before the user's
-# function runs. A value the user set wins.
-FOOTER_ACTORS = ("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "1")
 SHUFFLE_BUFFER_BATCHES = 8  # a worker's local shuffle mixes this many of its batches' rows
 
 
@@ -61,16 +56,16 @@ class DatasetInput:
 
 @dataclass
 class OpenedDatasets:
-    """The driver's view: the lazy plans for Ray Train, the counts, a sample, what MLflow records."""
+    """The driver's view: the lazy datasets for Ray Train, the counts, a sample, what MLflow records."""
 
-    plans: dict[str, ray.data.Dataset]  # "train" (and "val")
+    datasets: dict[str, ray.data.Dataset]  # "train" (and "val")
     input: DatasetInput
     descriptions: list[dict]
 
 
 def open_datasets(spec: DataSpec, global_batch_size: int, seed: int) -> OpenedDatasets:
     """Call `data.dataset` (and `data.val_dataset`), check them on a sample, count their rows."""
-    plans, rows, descriptions, sample = {}, {}, [], {}
+    lazy, rows, descriptions, sample = {}, {}, [], {}
     for split, ref in (("train", spec.dataset), ("val", spec.val_dataset)):
         if ref is None:
             continue
@@ -96,10 +91,10 @@ def open_datasets(spec: DataSpec, global_batch_size: int, seed: int) -> OpenedDa
                 _check_first_step(sample, key, global_batch_size)
             if spec.layout == "shuffle":
                 dataset = dataset.randomize_block_order(seed=seed)  # a new order each epoch (Ray reseeds per run)
-        plans[split], rows[split] = dataset, count
+        lazy[split], rows[split] = dataset, count
         descriptions.append(_description(split, ref, spec.kwargs, schema, count))
     opened = DatasetInput(spec.x, spec.y, spec.layout, seed, rows["train"], rows.get("val"), sample)
-    return OpenedDatasets(plans, opened, descriptions)
+    return OpenedDatasets(lazy, opened, descriptions)
 
 
 def features(batch: dict[str, np.ndarray], names: str | list[str]) -> Any:
@@ -142,7 +137,7 @@ def rank_shards(layout: str, global_batch_size: int) -> DataConfig:
     from ray.train import DataConfig
 
     class RankShards(DataConfig):
-        def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):  # noqa: ANN001
+        def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
             if layout == "shuffle":  # Ray's even split
                 return super().configure(datasets, world_size, worker_handles, worker_node_ids, **kwargs)
             shards = []
@@ -167,8 +162,10 @@ def _call(ref: str, key: str, kwargs: dict) -> ray.data.Dataset:
     import ray.data
 
     function = resolve(ref, key)
-    os.environ.setdefault(*FOOTER_ACTORS)
-    dataset = _read(lambda: function(**kwargs), key)
+    # Ray's parquet reader keeps the footer-actor count it finds when `read_parquet` is called
+    # (hooks.ENV_DEFAULTS["ray_data"]), so the default is in place while the user's function runs
+    with env_defaults("ray_data"):
+        dataset = _read(lambda: function(**kwargs), key)
     if not isinstance(dataset, ray.data.Dataset):
         raise DataError(f"{key}: expected {ref} to return a ray.data.Dataset, received {describe(dataset)}")
     return dataset
@@ -180,10 +177,9 @@ def _read(action: Any, key: str) -> Any:
         return action()
     except DataError:
         raise
-    except Exception as exc:  # noqa: BLE001 (the user's reader, any error)
-        first = str(exc).strip().splitlines()
+    except Exception as exc:  # the user's reader, any error
         cause = exc.__cause__ or exc
-        text = str(cause).strip().splitlines()[0] if str(cause).strip() else (first[0] if first else "")
+        text = first_line(cause) if str(cause).strip() else first_line(exc)
         raise DataError(f"{key}: expected a dataset that reads, received {type(cause).__name__}: {text}") from None
 
 

@@ -310,6 +310,6 @@ class WorkerRun:
 
     def save(self, weights: list, epoch: int, step: int, batch: int, logs: dict) -> None:
         """Same decision on every rank (global logs); only rank 0 ships the weights."""
-        point = self.decision.save_point(epoch, step, batch, logs)
-        if point is not None and self.client is not None:
-            self.client.save(weights, point)
+        saved = self.decision.to_save(epoch, step, batch, logs)
+        if saved is not None and self.client is not None:
+            self.client.save(weights, saved)

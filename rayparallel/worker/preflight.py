@@ -32,7 +32,7 @@ class Preflight:
     baselines: dict  # the loader's figures to print beside the model's
     epoch_keys: list[str]  # the history keys each epoch will have
     source: DataSource  # what the workers read
-    plans: dict = field(default_factory=dict)  # Ray Data: the lazy datasets for Ray Train, by split
+    datasets: dict = field(default_factory=dict)  # Ray Data: the lazy datasets for Ray Train, by split
     inputs: list[dict] = field(default_factory=list)  # the datasets as MLflow records them (log_input)
 
 
@@ -62,7 +62,7 @@ class _Opened:
     steps: int  # training steps per epoch
     baselines: dict
     inputs: list[dict]  # for MLflow
-    plans: dict = field(default_factory=dict)  # Ray Data's lazy datasets
+    datasets: dict = field(default_factory=dict)  # Ray Data's lazy datasets
     sample_x: Any = None  # Ray Data: the features of the first global batch
 
 
@@ -88,7 +88,7 @@ def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
     callback_classes(spec.train.callbacks)
     if spec.checkpoint.enabled:
         check_against_metrics(spec.checkpoint, epoch_keys=keys, step_keys=["loss"])
-    return Preflight(data.baselines, keys, data.source, data.plans, data.inputs)
+    return Preflight(data.baselines, keys, data.source, data.datasets, data.inputs)
 
 
 def _open_data(spec: JobSpec) -> _Opened:
@@ -101,7 +101,7 @@ def _open_data(spec: JobSpec) -> _Opened:
         y_val = y if opened.input.val_rows else None  # the same columns
         source = DataSource(datasets=opened.input)
         return _Opened(
-            source, y, y_val, steps, {}, opened.descriptions, opened.plans, datasets.features(sample, spec.data.x)
+            source, y, y_val, steps, {}, opened.descriptions, opened.datasets, datasets.features(sample, spec.data.x)
         )
     if shards.rank_aware(spec.data):  # each worker loads its own rows: check rank 0's share
         shard = Shard.of(0, spec.scaling.max_workers, batch)

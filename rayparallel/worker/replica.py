@@ -12,7 +12,8 @@ import itertools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from ..errors import DataError, ModelError, SpecError
+from ..errors import DataError, ModelError, SpecError, first_line
+from ..hooks import hook
 from ..model import build_model
 
 if TYPE_CHECKING:
@@ -84,8 +85,8 @@ def kept_local(indices: set[int]) -> Iterator[None]:
     is the one it would end with.
     """
     import tensorflow as tf
-    from tensorflow.python.ops.resource_variable_ops import default_variable_creator_v2
 
+    default_variable_creator_v2 = hook("default_variable_creator")
     count = itertools.count()
 
     def create(next_creator, **kwargs):
@@ -152,7 +153,7 @@ def _with_schedule(identifier: str | dict) -> str | dict:
         if not isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
             raise ValueError(f"not a class of keras.optimizers.schedules: {rate.get('class_name')!r}")
     except (ValueError, TypeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise SpecError(
             "train.optimizer.config.learning_rate: expected a number or a keras.optimizers.schedules class as "
             f"{{class_name, config}} (CosineDecay, ExponentialDecay, ...), received {rate!r} ({first})"

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..hooks import hook
 from .sync import Reducer
 
 if TYPE_CHECKING:
@@ -185,7 +186,7 @@ class LossScale:
             self.value.assign(tf.where(grow, self.value * 2.0, self.value))
             self.good_steps.assign(tf.where(grow, tf.constant(0, tf.int64), self.good_steps + 1))
 
-        if tf.__internal__.distribute.strategy_supports_no_merge_call():
+        if hook("no_merge_call")():
             tf.cond(bad > 0, skip, lambda: update(grads))
             return
 

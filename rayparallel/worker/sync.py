@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..hooks import hook
+
 if TYPE_CHECKING:
     import keras
     import ray
@@ -90,10 +92,7 @@ class StepWatchdog:
         )
         expired = time.monotonic()
         noted = self._on_expiry(message) if self._on_expiry else None
-        from tensorflow.python.eager import context
-        from tensorflow.python.framework import errors
-
-        context.context().abort_collective_ops(errors.UNAVAILABLE, message)
+        hook("tf_context")().abort_collective_ops(hook("tf_errors").UNAVAILABLE, message)
         if noted is not None:
             import ray
 
@@ -191,7 +190,7 @@ class Reducer:
         return out
 
 
-def _train_context():  # noqa: ANN202
+def _train_context():
     import ray.train
 
     return ray.train.get_context()

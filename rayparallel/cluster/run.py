@@ -1,0 +1,116 @@
+"""One run's life, the one code path of `rayparallel.train`, the CLI and every sweep trial.
+
+Order matters: the resume plan first (which job runs is decided before anything starts), then
+Ray (a Ray Data job's checks read through it), the cluster's capacity and the job's own
+checks (both refuse a bad job before any file is written), the folders' writability, and
+only then the launch, which takes the output folder's lock and writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..console import printer
+from ..files import ensure_writable
+from ..spec import SpecSource, load_spec
+from ..spec.references import add_search_path
+
+if TYPE_CHECKING:
+    from ..result import TrainResult
+    from ..spec import JobSpec
+    from ..worker.preflight import Preflight
+
+
+@contextlib.contextmanager
+def ray_session(job: JobSpec, worker_logs: bool, *, only_for_checks: bool = False) -> Iterator[bool]:
+    """Ray for the job: the cluster in `RAY_ADDRESS` (or the one this process joined), else a
+    local Ray started here and shut down when the block ends, however it ends.
+
+    Yields whether the cluster is all there is (not one that may autoscale behind `RAY_ADDRESS`),
+    so a job that cannot fit fails now instead of waiting forever. `only_for_checks`: connect
+    only when the checks need Ray (a Ray Data job reads a sample through it).
+    """
+    if only_for_checks and job.data.dataset is None:
+        yield False
+        return
+    import ray
+
+    from . import connect
+
+    started = connect.connect(worker_logs, data_cpus=connect.DATA_CPUS if job.data.dataset is not None else 0)
+    if job.data.dataset is not None:
+        connect.quiet_ray_data(worker_logs)
+    try:
+        yield started or not os.environ.get("RAY_ADDRESS")
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def checked_job(job: JobSpec, native_logs: bool = False) -> Preflight:
+    """The workers' own checks, run here first: imports (from the working directory), data, the replica."""
+    from ..worker.preflight import preflight
+
+    add_search_path([os.getcwd()])
+    return preflight(job, native_logs=native_logs)
+
+
+def run_job(
+    spec: SpecSource,
+    *,
+    overrides: Sequence[str] = (),
+    output_dir: str | os.PathLike | None = None,
+    verbose: bool = True,
+    worker_logs: bool = False,
+    resume: bool | None = None,
+    started_at: float | None = None,
+    on_epoch: Callable[[int, dict], str | None] | None = None,
+) -> TrainResult:
+    """Train the job (`spec` with `overrides`) into `output_dir` (default `runs/<name>`): see
+    `rayparallel.train` and the module doc.
+
+    `started_at` is the start-up clock's origin (the CLI's: when its process started);
+    `on_epoch` sees every epoch's logs in this process and may end the run (see `Launch`).
+    """
+    from .connect import check_capacity
+    from .launch import Launch, checkpoint_dir, in_object_store, launch
+    from .run_state import plan_run
+
+    marks = {"started": started_at or time.time()}
+    job = load_spec(spec, overrides)
+    output_dir = Path(output_dir if output_dir is not None else Path("runs") / job.name).resolve()
+    plan = plan_run(job, overrides, output_dir, resume)
+    if plan.changed:
+        printer(verbose)(
+            f"rayparallel: resuming the job recorded in {output_dir / 'job.yaml'}, not the given one, which differs "
+            f"in {', '.join(plan.changed)}"
+        )
+    with ray_session(plan.spec, worker_logs) as whole_cluster:
+        marks["ray_ready"] = time.time()
+        if whole_cluster:
+            check_capacity(plan.spec)
+        checks = checked_job(plan.spec, native_logs=worker_logs)  # imports TensorFlow quietly
+        marks["spec_checked"] = time.time()
+        ensure_writable(output_dir, "--output-dir")
+        ensure_writable(checkpoint_dir(plan.spec, output_dir), "checkpoint.dir")
+        run = Launch(
+            output_dir=output_dir,
+            search_path=[os.getcwd()],
+            plan=plan,
+            baselines=checks.baselines,
+            verbose=verbose,
+            worker_logs=worker_logs,
+            started_at=marks.pop("started"),
+            marks=marks,
+            on_epoch=on_epoch,
+            source=in_object_store(checks.source),
+            datasets=checks.datasets,
+            inputs=checks.inputs,
+        )
+        del checks  # the driver keeps no copy of a loader's arrays: they are in the object store
+        return launch(run)

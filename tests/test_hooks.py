@@ -1,0 +1,70 @@
+"""Every Ray, TensorFlow and Keras internal rayparallel relies on still exists on the pinned versions."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rayparallel.hooks import ENV_DEFAULTS, HOOKS, OPTIMIZER_ATTRIBUTES, env_defaults, hook
+
+from .helpers import REPO
+
+
+@pytest.mark.parametrize("name", sorted(HOOKS))
+def test_every_hook_resolves(name):
+    assert hook(name) is not None
+
+
+def test_the_replaced_optimizer_attributes_exist_on_a_keras_optimizer():
+    import keras
+
+    optimizer = keras.optimizers.SGD(0.1)
+    missing = [name for name in OPTIMIZER_ATTRIBUTES if not hasattr(optimizer, name)]
+    assert not missing, f"keras {keras.__version__} optimizers lack {missing}"
+
+
+def test_importing_rayparallel_sets_no_environment_variable():
+    probe = (
+        "import os, json; before = dict(os.environ); "
+        "import rayparallel, rayparallel.cli, rayparallel.cluster.run, rayparallel.cluster.launch, "
+        "rayparallel.sweep.driver, rayparallel.tracking.mlflow_run, rayparallel.worker.loop; "
+        "print(json.dumps(sorted(set(os.environ.items()) ^ set(before.items()))))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_driver_defaults_last_only_while_the_block_runs(monkeypatch):
+    key = next(iter(ENV_DEFAULTS["train_driver"]))
+    monkeypatch.delenv(key, raising=False)
+    with env_defaults("train_driver"):
+        assert os.environ[key] == ENV_DEFAULTS["train_driver"][key]
+    assert key not in os.environ
+    monkeypatch.setenv(key, "7")  # a user's own setting wins, and stays
+    with env_defaults("train_driver"):
+        assert os.environ[key] == "7"
+    assert os.environ[key] == "7"
+
+
+def test_the_trainer_keeps_ray_trains_callbacks_but_the_placement_group_cleaner(tmp_path):
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    from rayparallel.cluster.backend import TensorflowBackendConfig, trainer_class
+
+    options = dict(
+        scaling_config=ScalingConfig(num_workers=1), run_config=RunConfig(name="x", storage_path=str(tmp_path))
+    )
+    ours = trainer_class()(lambda: None, backend_config=TensorflowBackendConfig(), **options)
+    ray_own = DataParallelTrainer(lambda: None, backend_config=TensorflowBackendConfig(), **options)
+    kept = [type(c).__name__ for c in ours._create_default_callbacks()]
+    assert kept == [
+        type(c).__name__
+        for c in ray_own._create_default_callbacks()
+        if c.__class__ is not hook("placement_group_cleaner")
+    ]
+    assert "BackendSetupCallback" in kept and "PlacementGroupCleanerCallback" not in kept

@@ -142,7 +142,7 @@ def _sync_worker(config: dict) -> None:
     from rayparallel.worker.sync import configure_threads, make_strategy
 
     configure_threads(1)
-    strategy = make_strategy(use_gpu=config["use_gpu"], timeout_s=600.0)
+    strategy = make_strategy(use_gpu=config["use_gpu"])
     sys.path.insert(0, config["repo"])
     from jobs.vgg_classifier import build_model
 

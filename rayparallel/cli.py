@@ -10,7 +10,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from .errors import RayParallelError
+from .errors import RayParallelError, RunFailedError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -170,6 +170,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     except KeyboardInterrupt:
         return 130
+    except RunFailedError as exc:  # a process the run needs died: one line, how to continue
+        if args.debug:
+            raise
+        print(f"rayparallel: error: {exc}", file=sys.stderr)
+        return 1
     except RayParallelError as exc:
         if args.debug:
             raise

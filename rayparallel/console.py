@@ -13,7 +13,11 @@ def printer(verbose: bool) -> Say:
     return partial(print, flush=True) if verbose else (lambda *_: None)
 
 
+def continue_with(command: str, output_dir: Path) -> str:
+    return f"continue with: rayparallel {command} ... --resume --output-dir {output_dir}"
+
+
 def interrupted(command: str, output_dir: Path, what: str = "") -> str:
     """The line an interrupted run or sweep ends with: how to continue it."""
     done = f"interrupted; {what}; " if what else "interrupted; "
-    return f"\nrayparallel: {done}continue with: rayparallel {command} ... --resume --output-dir {output_dir}"
+    return f"\nrayparallel: {done}{continue_with(command, output_dir)}"

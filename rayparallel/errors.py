@@ -44,6 +44,14 @@ class StepTimeoutError(RuntimeError):
     """
 
 
+class RunFailedError(RuntimeError):
+    """A process the run needs died (the run's recorder, Ray Train's controller): not bad input.
+
+    The CLI prints its one line (what died, Ray's reason, how to continue) and exits 1;
+    `--debug` shows the traceback of the death it was raised from.
+    """
+
+
 def first_line(exc: BaseException, limit: int | None = None) -> str:
     """An exception's message as one line (its type's name when it has none), for one-line errors."""
     lines = str(exc).strip().splitlines()

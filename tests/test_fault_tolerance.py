@@ -195,7 +195,7 @@ def test_resume_continues_the_same_run_exactly_and_fresh_starts_anew(uninterrupt
         rayparallel.train(spec, output_dir=tmp_path / "empty", resume=True)
 
 
-def test_a_second_run_is_refused_and_ctrl_c_ends_the_run_cleanly(ray_address, tmp_path):
+def test_a_second_run_is_refused_ctrl_c_ends_the_run_cleanly_and_a_dead_recorder_is_one_line(ray_address, tmp_path):
     import subprocess
     import sys
 
@@ -251,6 +251,32 @@ def test_a_second_run_is_refused_and_ctrl_c_ends_the_run_cleanly(ray_address, tm
         for a in ray.util.list_named_actors(all_namespaces=True)
         if a["name"].startswith(recorder_name("fault-sigint"))
     ]
+
+    again = subprocess.Popen(  # the run again, its recorder killed while it trains: one line, how to go on
+        [sys.executable, "-m", "rayparallel.cli", "train", str(job), "--output-dir", str(out)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "RAY_ADDRESS": ray_address, "PYTHONUNBUFFERED": "1"},
+    )
+    seen = []
+    for line in again.stdout:
+        seen.append(line)
+        if line.startswith("Epoch 1/"):
+            break
+    name = recorder_name(json.loads((out / "run.json").read_text())["ray_run_name"])
+    [entry] = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"] == name]
+    ray.kill(ray.get_actor(name, namespace=entry["namespace"]))
+    rest, _ = again.communicate(timeout=120)
+    output = "".join(seen) + rest
+    assert again.returncode == 1, output[-3000:]
+    last = output.strip().splitlines()[-1]  # Ray's own reason in the brackets
+    assert last.startswith("rayparallel: error: the run's recorder died (") and "ray.kill" in last, output[-3000:]
+    assert last.endswith(
+        f"); the epochs it saved are kept; continue with: rayparallel train ... --resume --output-dir {out}"
+    )
+    assert "Traceback" not in output and json.loads((out / "run.json").read_text())["status"] == "FAILED"
 
 
 def test_damaged_resume_state_falls_back_to_the_newest_intact_checkpoint_on_any_worker_count(

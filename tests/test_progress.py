@@ -51,3 +51,26 @@ def test_log_file_gets_plain_lines_only():
 )
 def test_docstring_examples(module):
     assert doctest.testmod(module).failed == 0
+
+
+def test_saved_lines_follow_their_epoch_and_slow_input_is_a_warning():
+    stream = io.StringIO()
+    progress = ConsoleProgress(epochs=3, stream=stream)
+    figures = {"loss": 0.2, "samples_per_s": 800.0}
+    events = [
+        {"kind": "checkpoint", "epoch": 1, "file": "ckpt/epoch-001.weights.h5"},  # written before its line arrived
+        {"kind": "epoch", "epoch": 1, "logs": dict(figures, input_wait_fraction=0.001), "seconds": 4.0},
+        {"kind": "epoch", "epoch": 2, "logs": dict(figures, input_wait_fraction=0.32), "seconds": 4.0},
+        {"kind": "checkpoint", "epoch": 2, "file": "ckpt/epoch-002.weights.h5"},  # after later lines: in order
+    ]
+    for event in events:
+        progress.show(event)
+    assert stream.getvalue().splitlines() == [
+        "Epoch 1/3",
+        "4.0s - loss: 0.2 - 800 samples/s",  # input_wait_fraction stays in result.json and MLflow
+        "Epoch 1: saved ckpt/epoch-001.weights.h5",
+        "Epoch 2/3",
+        "4.0s - loss: 0.2 - 800 samples/s",
+        "WARNING input: workers waited 32% of epoch 2 for data; see Data in the README",
+        "Epoch 2: saved ckpt/epoch-002.weights.h5",
+    ]

@@ -7,6 +7,7 @@ progress events the recorder collects from rank 0. The recorder actor is named
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -17,13 +18,14 @@ from typing import TYPE_CHECKING
 
 import ray
 import yaml
-from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.exceptions import RayActorError
+from ray.train import CheckpointConfig, ControllerError, FailureConfig, RunConfig, ScalingConfig
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ..checkpoint.manifest import set_aside
-from ..console import Say, interrupted, printer
-from ..errors import RayParallelError, StepTimeoutError
+from ..console import Say, continue_with, interrupted, printer
+from ..errors import RayParallelError, RunFailedError, StepTimeoutError, first_line
 from ..files import atomic_write_text
 from ..hooks import env_defaults
 from ..recorder.actor import RecorderActor, recorder_name
@@ -107,6 +109,12 @@ def _fit(run: Launch) -> TrainResult:
         _record(run, "KILLED")
         say(interrupted("train", run.output_dir, "MLflow run marked KILLED"))
         raise
+    except RayActorError as exc:  # the recorder died: every later call on it raises this
+        _record(run, "FAILED")
+        raise RunFailedError(
+            f"the run's recorder died ({death_reason(exc)}); the epochs it saved are kept; "
+            + continue_with("train", run.output_dir)
+        ) from exc
     finally:  # the recorder is a named actor: a failed or interrupted run must not leave it behind either
         ray.kill(actor)
     if run.verbose:
@@ -217,6 +225,11 @@ def _conclude(run: Launch, actor: ActorHandle, error: BaseException | None, job_
         reason = ray.get(actor.failure.remote())  # a worker that ended itself left its reason here
         if reason:
             raise StepTimeoutError(reason) from error
+        if isinstance(error, ControllerError):
+            raise RunFailedError(
+                f"Ray Train's controller failed ({death_reason(error.controller_failure)}); "
+                + continue_with("train", run.output_dir)
+            ) from error
         raise error
     summary = ray.get(actor.summary.remote())
     startup = relative({**summary.pop("startup_marks"), **run.marks}, run.started_at)
@@ -322,6 +335,13 @@ def user_error(error: BaseException, storage_path: str) -> RayParallelError | No
                 return failure
             failure = getattr(failure, "cause", None) or failure.__cause__
     return None
+
+
+def death_reason(error: BaseException) -> str:
+    """Why Ray says a process died, in its own words: the exit detail, else the message's first line."""
+    text = str(error)
+    found = re.search(r"Worker exit detail: *([^\n]+)", text) or re.search(r"The actor is dead because *([^\n]+)", text)
+    return (found.group(1) if found else first_line(error)).strip().rstrip(".")
 
 
 def _print_summary(result: TrainResult) -> None:

@@ -5,9 +5,22 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+# Figures `result.json` and MLflow keep that Keras' epoch line does not show (samples/s has its own place).
+NOT_SHOWN = ("epoch", "samples_per_s", "input_wait_fraction")
+# Workers that waited for data this share of an epoch or more: input holds training back, say so.
+INPUT_WAIT_WARNING = 0.10
+
 
 def format_logs(logs: dict) -> str:
-    return " - ".join(f"{k}: {v:.4g}" for k, v in logs.items() if k not in ("epoch", "samples_per_s"))
+    return " - ".join(f"{k}: {v:.4g}" for k, v in logs.items() if k not in NOT_SHOWN)
+
+
+def input_warning(epoch: int, logs: dict) -> str | None:
+    """One line when the workers waited for input a noticeable share of the epoch, else None."""
+    waited = logs.get("input_wait_fraction", 0.0)
+    if waited < INPUT_WAIT_WARNING:
+        return None
+    return f"input: workers waited {waited:.0%} of epoch {epoch} for data; see Data in the README"
 
 
 def describe_resize(resize: dict) -> str:
@@ -35,17 +48,24 @@ def progress_bar(event: dict, width: int = 20) -> str:
 
 
 class ConsoleProgress:
+    """The driver's console during a run. The recorder reports a saved file once it is written,
+    which may be before its epoch's line arrives: such a line waits, so the console reads in
+    epoch order ("Epoch N: saved" after epoch N's line, never before an earlier epoch's)."""
+
     def __init__(self, epochs: int, stream: TextIO | None = None):
         self.epochs, self.stream = epochs, stream or sys.stdout
         self._live = self.stream.isatty()
         self._epoch_shown = 0
+        self._epoch_ended = 0  # the last epoch whose line was shown
+        self._saves_held: list[dict] = []
 
     def show(self, event: dict) -> None:
         if event["kind"] == "warning":
             self._line(("\n" if self._live else "") + f"WARNING {event['text']}")
             return
-        if event["kind"] == "checkpoint":  # written later by the actor, so no epoch header
-            self._line(("\r" if self._live else "") + f"Epoch {event['epoch']}: saved {event['file']}")
+        if event["kind"] == "checkpoint":  # written by the actor, so no epoch header
+            self._saves_held.append(event)
+            self._show_saves()
             return
         if event["epoch"] != self._epoch_shown:
             self._epoch_shown = event["epoch"]
@@ -58,6 +78,17 @@ class ConsoleProgress:
         logs = event["logs"]
         text = f"{event['seconds']:.1f}s - {format_logs(logs)} - {logs['samples_per_s']:.0f} samples/s"
         self._line(("\r\x1b[K" if self._live else "") + text)
+        warning = input_warning(event["epoch"], logs)
+        if warning:
+            self._line(f"WARNING {warning}")
+        self._epoch_ended = max(self._epoch_ended, event["epoch"])
+        self._show_saves()
+
+    def _show_saves(self) -> None:
+        ready = [e for e in self._saves_held if e["epoch"] <= self._epoch_ended]
+        self._saves_held = [e for e in self._saves_held if e["epoch"] > self._epoch_ended]
+        for event in ready:
+            self._line(f"Epoch {event['epoch']}: saved {event['file']}")
 
     def _line(self, text: str) -> None:
         self.stream.write(text + "\n")

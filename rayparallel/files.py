@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,14 @@ from .errors import RayParallelError
 
 class WriteError(RayParallelError):
     """A file could not be written; the earlier file of that name is untouched."""
+
+
+def free_space(folder: Path) -> str:
+    """`12.3 MiB free on /mnt/ckpt`, for a line about a failed write."""
+    try:
+        return f"{shutil.disk_usage(folder).free / 2**20:.1f} MiB free in {folder}"
+    except OSError as exc:
+        return f"free space in {folder} unknown ({exc.strerror or exc})"
 
 
 def ensure_writable(folder: Path, key: str) -> None:
@@ -44,7 +53,7 @@ def atomic_write(path: Path, write: Callable[[Path], Any], key: str) -> None:
     except OSError as exc:
         raise WriteError(
             f"{key}: expected a writable folder with free space, received {str(path.parent)!r} "
-            f"({type(exc).__name__}: {exc.strerror or exc}); earlier files are intact"
+            f"({type(exc).__name__}: {' '.join(str(exc.strerror or exc).split())}); earlier files are intact"
         ) from None
     finally:
         with contextlib.suppress(OSError):

@@ -203,3 +203,36 @@ def test_template_with_unknown_metric_fails_before_training(tmp_path):
     spec = dict(LSTM, checkpoint={"filepath": "m-{epoch:02d}-{val_iou:.4f}.weights.h5"})
     with pytest.raises(RayParallelError, match=r"checkpoint.filepath: expected fields among .*received \{val_iou\}"):
         rayparallel.validate(spec)
+
+
+@pytest.mark.slow
+def test_a_full_checkpoint_disk_is_one_line_per_write_and_keeps_every_listed_file(ray_address, tmp_path, capsys):
+    """`checkpoint.dir` on a 32 KiB tmpfs: room for epoch 1's file (18 KiB) and the manifest, not one more."""
+    import os
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32k", "tmpfs", str(disk)], check=True)
+    try:
+        spec = lstm_job("full-disk", "train.epochs=3", "mlflow.enabled=false", f"checkpoint.dir={disk}")
+        with pytest.raises(RayParallelError) as info:  # the final weights cannot be written either: one line
+            rayparallel.train(spec, output_dir=tmp_path / "out")
+        printed = capsys.readouterr().out
+        error = str(info.value)
+        assert error.startswith(f"checkpoint.dir: expected a writable folder with free space, received '{disk}'")
+        assert "No space left on device" in error and "\n" not in error and "Traceback" not in printed
+        warnings = [line for line in printed.splitlines() if line.startswith("WARNING epoch ")]
+        assert [line.split(" not saved: ")[0] for line in warnings] == [
+            "WARNING epoch 2: epoch-002.weights.h5",
+            "WARNING epoch 3: epoch-003.weights.h5",
+        ], printed[-3000:]
+        assert all("No space left on device" in line and f"MiB free in {disk}" in line for line in warnings)
+        assert sorted(os.listdir(disk)) == ["epoch-001.weights.h5", "manifest.json"]  # no partial file left
+        listed = [entry["file"] for entry in json.loads((disk / "manifest.json").read_text())["checkpoints"]]
+        assert listed == ["epoch-001.weights.h5"]
+        model = rayparallel.load_model(str(disk / "epoch-001.weights.h5"), batch_size=1)
+        assert np.isfinite(model.predict(np.zeros((1, 5, 2), "float32"), verbose=0)).all()
+        assert json.loads((tmp_path / "out" / "run.json").read_text())["status"] == "FAILED"  # resumable
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)

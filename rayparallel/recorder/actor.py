@@ -23,6 +23,7 @@ import ray
 from ..checkpoint import resume_state
 from ..checkpoint.policy import Saved
 from ..checkpoint.writer import CheckpointWriter
+from ..files import WriteError, free_space
 from ..hooks import set_env_defaults
 from ..spec import JobSpec
 from ..spec.references import add_search_path
@@ -117,8 +118,16 @@ class RunRecorder:
         return self._writer.retention.best_value()
 
     @ray.method(concurrency_group="io")
-    def save_checkpoint(self, weights: list[np.ndarray], saved: Saved) -> str:
-        path = self._writer.save(weights, saved)
+    def save_checkpoint(self, weights: list[np.ndarray], saved: Saved) -> str | None:
+        """The epoch's weight file; one that cannot be written (a full disk) is a warning and the
+        run goes on: the earlier files and the manifest stay as they were, the next save tries again."""
+        try:
+            path = self._writer.save(weights, saved)
+        except WriteError as exc:
+            self._warn(f"epoch {saved.epoch}: {saved.file} not saved: {exc}; {free_space(self._writer.folder)}")
+            if self._mlflow:
+                self._mlflow.unsaved(saved.file)
+            return None
         self._events.add("checkpoint", epoch=saved.epoch, file=str(path))
         self._log_files(path)
         return str(path)

@@ -25,6 +25,7 @@ class MlflowRecord:
         self._run = MlflowRun(notify=warn, **tracking)
         self._run.log_params(run_params(spec))
         self._announced = False
+        self._unsaved: list[str] = []
 
     def workers_changed(self, world: int, global_step: int) -> None:
         self._run.log_metrics({"num_workers": world}, step=global_step)
@@ -38,6 +39,11 @@ class MlflowRecord:
 
     def epoch(self, epoch: int, logs: dict) -> None:
         self._run.log_metrics(logs, step=epoch)
+
+    def unsaved(self, file: str) -> None:
+        """A weight file that could not be written, named in the run's tags beside the others."""
+        self._unsaved.append(file)
+        self._run.set_tags({"rayparallel.unsaved_checkpoints": ", ".join(self._unsaved)})
 
     def files(self, *paths: Path, folder: str | None = None) -> None:
         for path in paths:

@@ -51,6 +51,12 @@ CNN = {
         ),
         (
             CNN,
+            ["model.builder=tests.models:own_train_step_cnn"],
+            "model.builder: expected a model that trains with Keras' own steps (rayparallel runs its own, with "
+            "train.loss and train.metrics), received a OwnStep overriding train_step, which would be ignored",
+        ),
+        (
+            CNN,
             ["model.builder=tests.nowhere:build"],
             "model.builder: expected an importable 'module:function', received 'tests.nowhere:build'",
         ),

@@ -73,6 +73,7 @@ def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
     data = _open_data(spec)
     replica.batch_dependent_variables(spec.model, spec.possible_batch_sizes, spec.train.dtype_policy)  # uneven splits
     model = build_model(spec.model, spec.per_worker_batch_size, spec.train.dtype_policy)
+    replica.check_own_steps(model)
     if data.sample_x is not None:
         check_inputs(model, data.sample_x)
     replica.make_optimizer(spec.train.optimizer)

@@ -98,6 +98,23 @@ def kept_local(indices: set[int]) -> Iterator[None]:
         yield
 
 
+# A model's own step code that our step would skip: refused, never silently ignored.
+OWN_STEPS = ("train_step", "test_step", "compute_loss", "compute_metrics")
+
+
+def check_own_steps(model: keras.Model) -> None:
+    """rayparallel's step trains with `train.loss` and `train.metrics`; a model's own steps would not run."""
+    import keras
+
+    own = [name for name in OWN_STEPS if getattr(type(model), name, None) is not getattr(keras.Model, name)]
+    if own:
+        raise ModelError(
+            "model.builder: expected a model that trains with Keras' own steps (rayparallel runs its own, with "
+            f"train.loss and train.metrics), received a {type(model).__name__} overriding {', '.join(own)}, which "
+            "would be ignored"
+        )
+
+
 def stateful_layers(model: keras.Model) -> list[keras.layers.Layer]:
     return [layer for layer in model._flatten_layers() if getattr(layer, "stateful", False)]
 

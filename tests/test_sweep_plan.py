@@ -136,3 +136,18 @@ def test_outcomes_table_and_csv_from_trial_folders(tmp_path):
         rows[0]["stopped_early"] == "True" and rows[1]["best_val_loss"] == "0.2" and rows[1]["overrides"] == "lr=0.01"
     )
     assert rows[1]["mlflow_run_id"] == "run-trial-001" and rows[2]["status"] == "PENDING"
+
+
+def test_a_trial_error_from_ray_is_the_users_one_line():
+    from ray.exceptions import RayTaskError
+
+    from rayparallel.cluster.launch import user_error
+    from rayparallel.errors import DataError
+
+    try:
+        raise DataError("data.dataset: expected a dataset that reads, received OSError: gone")
+    except DataError as exc:  # as a Tune trial's error arrives: Ray's task error posing as its cause's class
+        arrived = RayTaskError("ResourceTrainable.train", "Traceback (most recent call last): ...", exc)
+        arrived = arrived.as_instanceof_cause()
+    assert isinstance(arrived, DataError) and str(arrived).startswith("Traceback")
+    assert str(user_error(arrived, "")) == "data.dataset: expected a dataset that reads, received OSError: gone"

@@ -331,9 +331,10 @@ def user_error(error: BaseException, storage_path: str) -> RayParallelError | No
         seen = set()
         while failure is not None and id(failure) not in seen:
             seen.add(id(failure))
-            if isinstance(failure, RayParallelError):
+            inner = getattr(failure, "cause", None)  # Ray's task error, also when it poses as its cause's class
+            if isinstance(failure, RayParallelError) and not isinstance(inner, BaseException):
                 return failure
-            failure = getattr(failure, "cause", None) or failure.__cause__
+            failure = inner or failure.__cause__
     return None
 
 

@@ -193,22 +193,28 @@ def _count(dataset: ray.data.Dataset, key: str) -> int:
 
 def _count_streams(dataset: ray.data.Dataset, key: str, global_batch_size: int) -> int:
     """One pass over the `stream` and `t` columns only: one stream per row of the global batch, `t` without gaps."""
-    from ray.data.aggregate import Count, Max, Min
-
-    columns = dataset.select_columns(list(STREAM_COLUMNS))
-    figures = _read(lambda: columns.aggregate(Count(), Min("stream"), Max("stream"), Min("t"), Max("t")), key)
-    count = int((figures or {}).get("count()") or 0)
+    # per block, then here: map tasks only (an aggregate's shuffle tasks land in the caller's placement
+    # group, and a sweep trial's holds no CPU for them)
+    columns = dataset.select_columns(list(STREAM_COLUMNS)).map_batches(
+        _block_figures, batch_format="numpy", batch_size=None
+    )
+    blocks = [row for row in _read(columns.take_all, key) if row["count"]]
+    count = sum(int(row["count"]) for row in blocks)
     if count == 0:
         raise DataError(
             f"{key}: expected at least one global batch ({global_batch_size} rows), received an empty dataset"
         )
-    low, high = int(figures["min(stream)"]), int(figures["max(stream)"])
+    figures = {
+        name: pick(int(row[name]) for row in blocks)
+        for name, pick in (("min_stream", min), ("max_stream", max), ("min_t", min), ("max_t", max))
+    }
+    low, high = figures["min_stream"], figures["max_stream"]
     if (low, high) != (0, global_batch_size - 1):
         raise DataError(
             f"{key}: expected streams 0..{global_batch_size - 1} (one per row of train.global_batch_size), received "
             f"streams {low}..{high}"
         )
-    first_t, last_t = int(figures["min(t)"]), int(figures["max(t)"])
+    first_t, last_t = figures["min_t"], figures["max_t"]
     steps = last_t - first_t + 1
     if first_t != 0 or count != global_batch_size * steps:
         raise DataError(
@@ -216,6 +222,20 @@ def _count_streams(dataset: ray.data.Dataset, key: str, global_batch_size: int) 
             f"{count} rows with t from {first_t}: gaps or repeats in t"
         )
     return count
+
+
+def _block_figures(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One row per block: its row count and the range of its `stream` and `t` columns."""
+    stream, t = np.asarray(batch["stream"]), np.asarray(batch["t"])
+    if not len(stream):
+        return {name: np.zeros(1, np.int64) for name in ("count", "min_stream", "max_stream", "min_t", "max_t")}
+    return {
+        "count": np.array([len(stream)]),
+        "min_stream": np.array([stream.min()]),
+        "max_stream": np.array([stream.max()]),
+        "min_t": np.array([t.min()]),
+        "max_t": np.array([t.max()]),
+    }
 
 
 def _check_first_step(batch: dict, key: str, global_batch_size: int) -> None:

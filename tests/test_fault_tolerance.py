@@ -195,6 +195,29 @@ def test_resume_continues_the_same_run_exactly_and_fresh_starts_anew(uninterrupt
         rayparallel.train(spec, output_dir=tmp_path / "empty", resume=True)
 
 
+def training_cli(job: Path, out: Path, ray_address: str):
+    """`rayparallel train` in its own process, once training shows progress; and the lines so far."""
+    import subprocess
+    import sys
+
+    from .helpers import REPO
+
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "rayparallel.cli", "train", str(job), "--output-dir", str(out)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "RAY_ADDRESS": ray_address, "PYTHONUNBUFFERED": "1"},
+    )
+    seen = []
+    for line in cli.stdout:
+        seen.append(line)
+        if line.startswith("Epoch 1/"):
+            break
+    return cli, seen
+
+
 def test_a_second_run_is_refused_ctrl_c_ends_the_run_cleanly_and_a_dead_recorder_is_one_line(ray_address, tmp_path):
     import subprocess
     import sys
@@ -208,20 +231,8 @@ def test_a_second_run_is_refused_ctrl_c_ends_the_run_cleanly_and_a_dead_recorder
     job = tmp_path / "job.yaml"
     long = dict(LSTM, name="fault-sigint", mlflow={"tracking_uri": store}, train=dict(LSTM["train"], epochs=500))
     job.write_text(__import__("yaml").safe_dump(long))
-    cli = subprocess.Popen(
-        [sys.executable, "-m", "rayparallel.cli", "train", str(job), "--output-dir", str(tmp_path / "out")],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "RAY_ADDRESS": ray_address, "PYTHONUNBUFFERED": "1"},
-    )
-    seen = []
-    for line in cli.stdout:  # wait until training shows progress
-        seen.append(line)
-        if line.startswith("Epoch 1/"):
-            break
     out = tmp_path / "out"
+    cli, seen = training_cli(job, out, ray_address)
     before = {name: (out / name).read_bytes() for name in ("run.json", "job.yaml")}
     second = subprocess.run(  # the same job again into the live run's folder
         [sys.executable, "-m", "rayparallel.cli", "train", str(job), "--output-dir", str(out)],
@@ -252,19 +263,7 @@ def test_a_second_run_is_refused_ctrl_c_ends_the_run_cleanly_and_a_dead_recorder
         if a["name"].startswith(recorder_name("fault-sigint"))
     ]
 
-    again = subprocess.Popen(  # the run again, its recorder killed while it trains: one line, how to go on
-        [sys.executable, "-m", "rayparallel.cli", "train", str(job), "--output-dir", str(out)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "RAY_ADDRESS": ray_address, "PYTHONUNBUFFERED": "1"},
-    )
-    seen = []
-    for line in again.stdout:
-        seen.append(line)
-        if line.startswith("Epoch 1/"):
-            break
+    again, seen = training_cli(job, out, ray_address)  # the run again, its recorder killed while it trains
     name = recorder_name(json.loads((out / "run.json").read_text())["ray_run_name"])
     [entry] = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"] == name]
     ray.kill(ray.get_actor(name, namespace=entry["namespace"]))

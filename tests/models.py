@@ -5,11 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 
-def stateful_lstm(batch_size: int, units: int = 6, window: int = 5):
+def stateful_lstm(batch_size: int, units: int = 6, window: int = 5, dropout: float = 0.0):
     import keras
 
     inputs = keras.Input(batch_shape=(batch_size, window, 2))
     hidden = keras.layers.LSTM(units, stateful=True, return_sequences=True)(inputs)
+    if dropout:
+        hidden = keras.layers.Dropout(dropout)(hidden)
     return keras.Model(inputs, keras.layers.Dense(1)(hidden))
 
 

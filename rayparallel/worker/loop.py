@@ -90,6 +90,7 @@ class WorkerRun:
         replica.accumulate_schedule(self.optimizer, spec.train.gradient_accumulation_steps)
         compress_gradients(self.optimizer, spec.train.gradient_compression)
         clip_after_all_reduce(self.optimizer)  # after: clipping acts on the summed, cast-back gradient
+        replica.seed_per_rank(self.model, spec.train.seed, self.rank)
         self._mark("replica_built")
         self.output_names = names = outputs.output_names(self.model)
         heads = outputs.make_heads(

@@ -76,11 +76,17 @@ def _created_variables(spec: ModelSpec, batch_size: int, dtype_policy: str) -> l
     return created
 
 
+# Keras' name for a SeedGenerator's state (Dropout, GaussianNoise, random augmentation layers...)
+SEED_STATE = "seed_generator_state"
+
+
 @contextlib.contextmanager
 def kept_local(indices: set[int]) -> Iterator[None]:
-    """Inside the strategy's scope: the variables created at `indices` stay this worker's own.
+    """Inside the strategy's scope: the variables created at `indices`, and every random layer's
+    seed state, stay this worker's own.
 
-    Neither broadcast nor mirrored: each replica's stream states belong to its own streams.
+    Neither broadcast nor mirrored: each replica's stream states belong to its own streams, and
+    its random layers draw from its own stream (`seed_per_rank`).
     TensorFlow has no public way past the strategy's variable creator; its default creator
     is the one it would end with.
     """
@@ -90,12 +96,30 @@ def kept_local(indices: set[int]) -> Iterator[None]:
     count = itertools.count()
 
     def create(next_creator, **kwargs):
-        if next(count) in indices:
+        index = next(count)  # every variable counts, in creation order
+        if index in indices or kwargs.get("name") == SEED_STATE:
             return default_variable_creator_v2(None, **kwargs)
         return next_creator(**kwargs)
 
     with tf.variable_creator_scope(create):
         yield
+
+
+def seed_per_rank(model: keras.Model, seed: int, rank: int) -> None:
+    """Each worker's random layers draw from their own stream, repeatable from `(seed, rank)`.
+
+    Built alike, every replica's SeedGenerator starts from the same state, so rows `i` and
+    `b + i` of a global batch would get the same dropout mask: less noise than one device
+    sees. Rank 0 keeps the builder's own states (one worker draws as plain `fit` does).
+    """
+    import numpy as np
+
+    if rank == 0:
+        return
+    states = [v for v in model.variables if v.name == SEED_STATE]
+    for index, state in enumerate(states):
+        derived = int(np.random.SeedSequence([seed, rank, index]).generate_state(1)[0] % 2**31)
+        state.assign(np.array([derived, 0], dtype=state.dtype))
 
 
 # A model's own step code that our step would skip: refused, never silently ignored.

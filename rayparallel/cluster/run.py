@@ -81,7 +81,8 @@ def run_job(
     from .launch import Launch, checkpoint_dir, in_object_store, launch
     from .run_state import plan_run
 
-    marks = {"started": started_at or time.time()}
+    started_at = started_at or time.time()
+    marks: dict[str, float] = {}  # the driver's start-up phases (rayparallel.startup)
     job = load_spec(spec, overrides)
     output_dir = Path(output_dir if output_dir is not None else Path("runs") / job.name).resolve()
     plan = plan_run(job, overrides, output_dir, resume)
@@ -105,7 +106,7 @@ def run_job(
             baselines=checks.baselines,
             verbose=verbose,
             worker_logs=worker_logs,
-            started_at=marks.pop("started"),
+            started_at=started_at,
             marks=marks,
             on_epoch=on_epoch,
             source=in_object_store(checks.source),

@@ -213,7 +213,7 @@ def training_cli(job: Path, out: Path, ray_address: str):
     seen = []
     for line in cli.stdout:
         seen.append(line)
-        if line.startswith("Epoch 1/"):
+        if line.startswith("Epoch "):  # "Epoch 1/", or a later one when it resumes
             break
     return cli, seen
 

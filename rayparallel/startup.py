@@ -14,8 +14,8 @@ import time
 
 # In the order they happen; `result.json` `startup` lists those that were reached.
 PHASES = (
+    "spec_checked",  # driver: spec, imports, data and replica checked (preflight; after Ray for a Ray Data job)
     "ray_ready",  # driver: joined or started Ray
-    "spec_checked",  # driver: spec, imports, data and replica checked (preflight, on Ray for a Ray Data job)
     "recorder_ready",  # the recorder actor is up (MLflow run creation goes on in its thread)
     "workers_started",  # rank 0 entered the training function
     "tensorflow_imported",
@@ -45,5 +45,5 @@ def relative(marks: dict[str, float], origin: float) -> dict[str, float]:
 
 
 def describe(startup: dict[str, float]) -> str:
-    """One console line: `ray_ready 4.1s, spec_checked 9.8s, ...`."""
+    """One console line: `spec_checked 4.1s, ray_ready 9.8s, ...`."""
     return ", ".join(f"{name} {seconds:.1f}s" for name, seconds in startup.items())

@@ -1,9 +1,10 @@
 """One run's life, the one code path of `rayparallel.train`, the CLI and every sweep trial.
 
-Order matters: the resume plan first (which job runs is decided before anything starts), then
-Ray (a Ray Data job's checks read through it), the cluster's capacity and the job's own
-checks (both refuse a bad job before any file is written), the folders' writability, and
-only then the launch, which takes the output folder's lock and writes.
+Order matters: the resume plan first (which job runs is decided before anything starts), the
+job's own checks (after Ray for a Ray Data job, which they read through; see
+`needs_ray_for_checks`), Ray and the cluster's capacity (all refuse a bad job before any file
+is written), the folders' writability, and only then the launch, which takes the output
+folder's lock and writes.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def ray_session(job: JobSpec, worker_logs: bool, *, only_for_checks: bool = Fals
     so a job that cannot fit fails now instead of waiting forever. `only_for_checks`: connect
     only when the checks need Ray (a Ray Data job reads a sample through it).
     """
-    if only_for_checks and job.data.dataset is None:
+    if only_for_checks and not needs_ray_for_checks(job):
         yield False
         return
     import ray
@@ -50,6 +51,14 @@ def ray_session(job: JobSpec, worker_logs: bool, *, only_for_checks: bool = Fals
     finally:
         if started:
             ray.shutdown()
+
+
+def needs_ray_for_checks(job: JobSpec) -> bool:
+    """A Ray Data job is checked through Ray (a sample read, the row count); any other job is checked
+    before Ray starts. That order matters inside `ray job submit`: once the job's driver connects,
+    Ray may drop the unpacked working directory it imports from, so what the checks import (our
+    modules, the user's builder and loader) must be imported first."""
+    return job.data.dataset is not None
 
 
 def checked_job(job: JobSpec, native_logs: bool = False) -> Preflight:
@@ -91,12 +100,17 @@ def run_job(
             f"rayparallel: resuming the job recorded in {output_dir / 'job.yaml'}, not the given one, which differs "
             f"in {', '.join(plan.changed)}"
         )
+    checks = None
+    if not needs_ray_for_checks(plan.spec):
+        checks = checked_job(plan.spec, native_logs=worker_logs)  # imports TensorFlow quietly
+        marks["spec_checked"] = time.time()
     with ray_session(plan.spec, worker_logs) as whole_cluster:
         marks["ray_ready"] = time.time()
         if whole_cluster:
             check_capacity(plan.spec)
-        checks = checked_job(plan.spec, native_logs=worker_logs)  # imports TensorFlow quietly
-        marks["spec_checked"] = time.time()
+        if checks is None:
+            checks = checked_job(plan.spec, native_logs=worker_logs)
+            marks["spec_checked"] = time.time()
         ensure_writable(output_dir, "--output-dir")
         ensure_writable(checkpoint_dir(plan.spec, output_dir), "checkpoint.dir")
         run = Launch(

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..cluster.run import checked_job, ray_session
+from ..cluster.run import checked_job, needs_ray_for_checks, ray_session
 from ..console import interrupted, printer
 from ..errors import RayParallelError, SpecError, first_line
 from ..files import atomic_write_text
@@ -77,9 +77,11 @@ def run_sweep(
         plan = Plan(asdict(settings), [asdict(t) for t in plan_trials(spaces, settings.samples, settings.seed)])
     trials = plan.trial_list()
     jobs = {t.id: trial_job(job, t) for t in trials}  # every trial's spec checked before any starts
+    first = jobs[trials[0].id]
+    checked = None if needs_ray_for_checks(first) else _checked_metric(settings, first)  # see needs_ray_for_checks
     # the trials' Ray, which a Ray Data job's checks read through; MLflow's client fails fast (the parent run's too)
     with ray_session(job, worker_logs) as whole_cluster, env_defaults("mlflow"):
-        metric, keys = _checked_metric(settings, jobs[trials[0].id])
+        metric, keys = checked or _checked_metric(settings, first)
         plan.settings = asdict(replace(settings, metric=metric))
         concurrent = _concurrency(jobs, settings.max_concurrent, checked=whole_cluster)
         parent = _parent_run(job, plan.mlflow_parent_run_id) if job.mlflow.enabled else None

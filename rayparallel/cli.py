@@ -170,16 +170,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     except KeyboardInterrupt:
         return 130
-    except RunFailedError as exc:  # a process the run needs died: one line, how to continue
+    except (RayParallelError, RunFailedError) as exc:  # bad input (exit 2), or a process the run needs died (1)
         if args.debug:
             raise
         print(f"rayparallel: error: {exc}", file=sys.stderr)
-        return 1
-    except RayParallelError as exc:
-        if args.debug:
-            raise
-        print(f"rayparallel: error: {exc}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(exc, RunFailedError) else 2
     return 0
 
 

@@ -265,3 +265,19 @@ def ray_data_job(name: str, root, *overrides: str) -> dict:
         "layout": "streams",
     }
     return spec
+
+
+def batch_norm_cnn(batch_size: int = 8, classes: int = 3):
+    """A small U-Net's encoder shape: convolutions without bias before BatchNormalization, one
+    pair inside a nested model (BN found in nested models too)."""
+    import keras
+
+    def block(filters: int):
+        return [keras.layers.Conv2D(filters, 3, padding="same", use_bias=False), keras.layers.BatchNormalization()]
+
+    inputs = keras.Input(shape=(8, 8, 1))
+    h = keras.layers.ReLU()(keras.Sequential(block(4))(inputs))
+    for layer in block(6):
+        h = layer(h)
+    h = keras.layers.GlobalAveragePooling2D()(keras.layers.ReLU()(h))
+    return keras.Model(inputs, keras.layers.Dense(classes, activation="softmax")(h))

@@ -141,6 +141,7 @@ def test_overrides_are_yaml_typed_and_dotted():
             ["train.gradient_compression=int8"],
             "train.gradient_compression: expected one of ['none', 'fp16', 'bf16']",
         ),
+        (BASE, ["train.batch_norm=sync"], "train.batch_norm: expected one of ['global', 'local'], received 'sync'"),
         (
             BASE,
             ["name=my run/1"],

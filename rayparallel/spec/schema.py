@@ -110,6 +110,9 @@ class TrainSpec:
     initial_loss_scale: float = 32768.0  # mixed_float16 only: dynamic loss scaling starts here (Keras' default)
     # The gradient all-reduce sends float16/bfloat16 (half the bytes) and casts back: not exact
     gradient_compression: Literal["none", "fp16", "bf16"] = "none"
+    # BatchNormalization's batch statistics: of the whole global batch (as one device), or of each
+    # worker's rows with the moving statistics averaged over workers before every save (cheaper)
+    batch_norm: Literal["global", "local"] = "global"
 
     @property
     def loss_scale(self) -> float | None:

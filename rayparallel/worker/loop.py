@@ -25,6 +25,7 @@ from ..spec import JobSpec
 from ..spec.references import add_search_path
 from ..spec.schema import rank_rows
 from . import outputs, replica, resume
+from .batch_norm import BatchNormSync
 from .cadence import ProgressCadence
 from .callbacks import Callbacks, make_callbacks
 from .feed import DataSource, open_feed
@@ -91,6 +92,7 @@ class WorkerRun:
         compress_gradients(self.optimizer, spec.train.gradient_compression)
         clip_after_all_reduce(self.optimizer)  # after: clipping acts on the summed, cast-back gradient
         replica.seed_per_rank(self.model, spec.train.seed, self.rank)
+        self.batch_norm = BatchNormSync(self.model, spec.train.batch_norm, self.world)  # before the step's trace
         self._mark("replica_built")
         self.output_names = names = outputs.output_names(self.model)
         heads = outputs.make_heads(
@@ -169,6 +171,7 @@ class WorkerRun:
             skip = self.start_step if epoch == self.start_epoch + 1 else 0  # resumed inside this epoch
             logs = self.train_epoch(epoch, skip)
             self._check_finite(epoch)
+            self.batch_norm.agree(self.reducer)  # before validation, which normalizes with them
             seconds = time.perf_counter() - started
             logs["samples_per_s"] = (self.steps_per_epoch - skip) * self.global_batch / seconds
             if self.steps.loss_scale is not None:
@@ -247,6 +250,7 @@ class WorkerRun:
                 self.callbacks.on_train_batch_end(step, {"loss": loss})
             if save_every and global_step % save_every == 0:
                 running = {"loss": self.figures.running_loss(step)}
+                self.batch_norm.agree(self.reducer)
                 self.save(resume.snapshot(self.model.weights), epoch, global_step, step, running)
             if resume_every and global_step % resume_every == 0 and step < steps_per_epoch:  # ends: Ray's
                 self.save_resume_point(epoch, step)
@@ -267,6 +271,7 @@ class WorkerRun:
 
     def save_resume_point(self, epoch: int, step: int) -> None:
         """Every rank snapshots and gathers (collectives); rank 0 hands the point to the recorder."""
+        self.batch_norm.agree(self.reducer)
         weights = resume.snapshot(self.model.weights)
         optimizer_values = resume.snapshot(self.optimizer.variables)
         running = self.epoch_state.gather()

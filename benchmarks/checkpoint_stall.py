@@ -44,7 +44,7 @@ def measure(repeats: int = 5, full_save: bool = False) -> dict:
     started_ray = not ray.is_initialized()
     if started_ray:
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    actor = RecorderActor.remote(spec, str(folder / "actor"), [os.getcwd()])
+    actor = RecorderActor.remote(spec, str(folder / "actor"), [os.getcwd()], str(folder / "recorder.json"))
     client = CheckpointClient(actor)
     client.save(model.get_weights(), Saved("warm-up.weights.h5", 0, 0, {}))  # warm-up: the actor builds its model once
     client.flush()

@@ -24,11 +24,14 @@ def validate(spec: SpecSource, overrides: Iterable[str] = ()) -> JobSpec:
     >>> rayparallel.validate("jobs/stateful_lstm.yaml").per_worker_batch_size  # doctest: +SKIP
     4
     """
-    from .cluster.run import checked_job, ray_session
+    from .cluster.run import checked_job, ray_session, space_warning_for
 
     job = load_spec(spec, overrides)
     with ray_session(job, worker_logs=False, only_for_checks=True):
-        checked_job(job)
+        checks = checked_job(job)
+    warning = space_warning_for(job, (Path("runs") / job.name).resolve(), checks)  # train's default folder
+    if warning:
+        print(warning)
     return job
 
 

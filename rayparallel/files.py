@@ -29,6 +29,23 @@ def free_space(folder: Path) -> str:
         return f"free space in {folder} unknown ({exc.strerror or exc})"
 
 
+def space_warning(folder: Path, files: int, file_bytes: int, key: str) -> str | None:
+    """A line when `folder`'s disk has less room than `files` files of `file_bytes` each, else None."""
+    existing = next((p for p in [folder, *folder.parents] if p.exists()), None)
+    needed = files * file_bytes
+    try:
+        free = shutil.disk_usage(existing).free if existing else None
+    except OSError:
+        free = None
+    if free is None or free >= needed:
+        return None
+    return (
+        f"WARNING {key}: expected room for about {needed / 2**20:.1f} MiB of weight files ({files} files of "
+        f"{file_bytes / 2**10:.1f} KiB), received {free / 2**20:.1f} MiB free in {folder}; a file that does "
+        "not fit is skipped with a warning"
+    )
+
+
 def ensure_writable(folder: Path, key: str) -> None:
     """Fail before training when `folder` (set by `key`) cannot be created or written."""
     if folder.exists() and not folder.is_dir():

@@ -158,7 +158,9 @@ def test_slow_writes_do_not_hold_the_step_loop(ray_address, tmp_path):
             "train": {"global_batch_size": 8},
         }
     )
-    actor = ray.remote(num_cpus=0, concurrency_groups={"io": 1})(SlowRecorder).remote(spec, str(tmp_path), ["."])
+    actor = ray.remote(num_cpus=0, concurrency_groups={"io": 1})(SlowRecorder).remote(
+        spec, str(tmp_path), ["."], str(tmp_path / "recorder.json")
+    )
     client = CheckpointClient(actor)
     weights = small_cnn().get_weights()
 
@@ -216,9 +218,12 @@ def test_a_full_checkpoint_disk_is_one_line_per_write_and_keeps_every_listed_fil
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32k", "tmpfs", str(disk)], check=True)
     try:
         spec = lstm_job("full-disk", "train.epochs=3", "mlflow.enabled=false", f"checkpoint.dir={disk}")
+        rayparallel.validate(spec)
         with pytest.raises(RayParallelError) as info:  # the final weights cannot be written either: one line
             rayparallel.train(spec, output_dir=tmp_path / "out")
         printed = capsys.readouterr().out
+        room = [line for line in printed.splitlines() if line.startswith("WARNING checkpoint.dir: expected room")]
+        assert len(room) == 2 and "(4 files of 18." in room[0] and f"MiB free in {disk}" in room[0], printed[:3000]
         error = str(info.value)
         assert error.startswith(f"checkpoint.dir: expected a writable folder with free space, received '{disk}'")
         assert "No space left on device" in error and "\n" not in error and "Traceback" not in printed

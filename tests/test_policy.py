@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rayparallel.checkpoint.policy import Retention, SaveDecision, check_against_metrics, resolve_mode
+from rayparallel.checkpoint.policy import Retention, SaveDecision, check_against_metrics, files_kept, resolve_mode
 from rayparallel.errors import SpecError
 from rayparallel.spec import CheckpointSpec
 
@@ -64,3 +64,10 @@ def test_template_naming_unknown_metric_is_rejected():
     with pytest.raises(SpecError, match="checkpoint.monitor: expected one of"):
         check_against_metrics(CheckpointSpec(monitor="val_iou", save_best_only=True), keys, ["loss"])
     check_against_metrics(CheckpointSpec(filepath="m-{epoch}-{val_accuracy:.2f}.weights.h5"), keys, ["loss"])
+
+
+def test_files_kept_counts_saves_the_keep_rule_and_the_final_weights():
+    assert files_kept(CheckpointSpec(), epochs=15, steps_per_epoch=40) == 16  # one a epoch, and final
+    assert files_kept(CheckpointSpec(keep=2), epochs=15, steps_per_epoch=40) == 4  # best 2 + latest, and final
+    assert files_kept(CheckpointSpec(save_freq=100), epochs=15, steps_per_epoch=40) == 7  # 600 steps: 6 saves
+    assert files_kept(CheckpointSpec(filepath="best.weights.h5"), epochs=15, steps_per_epoch=40) == 2

@@ -136,3 +136,12 @@ class Retention(_Monitored):
 
     def _scored(self) -> list[Saved]:
         return [s for s in self.saved if s.score(self.spec.monitor) is not None]
+
+
+def files_kept(spec: CheckpointSpec, epochs: int, steps_per_epoch: int) -> int:
+    """How many weight files the folder holds at most by the end: the saves `save_freq` makes,
+    as many as `keep` keeps (the best k plus the latest), and the final weights."""
+    if "{" not in spec.filepath:  # one name, written over each time
+        return 2
+    saves = epochs if spec.save_freq == "epoch" else epochs * steps_per_epoch // spec.save_freq
+    return (saves if spec.keep is None else min(saves, spec.keep + 1)) + 1

@@ -28,7 +28,8 @@ from ..console import Say, continue_with, interrupted, printer
 from ..errors import RayParallelError, RunFailedError, StepTimeoutError, first_line
 from ..files import atomic_write_text
 from ..hooks import env_defaults
-from ..recorder.actor import RecorderActor, recorder_name
+from ..recorder.actor import RECORDER_RESTARTS, RecorderActor, recorder_name
+from ..recorder.journal import JOURNAL
 from ..result import TrainResult, describe_stop
 from ..secrets import mask, mask_text
 from ..spec import JobSpec
@@ -145,10 +146,16 @@ def _start_recorder(run: Launch) -> ActorHandle:
     """The run's recorder, on this node (it writes the output folder), up before any worker starts."""
     spec, state = run.spec, run.plan.state
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    actor = RecorderActor.options(name=recorder_name(state.ray_run_name), scheduling_strategy=here).remote(
+    actor = RecorderActor.options(
+        name=recorder_name(state.ray_run_name),
+        scheduling_strategy=here,
+        max_restarts=RECORDER_RESTARTS,  # a lost process comes back, and the calls it was in are made again
+        max_task_retries=-1,
+    ).remote(
         spec,
         str(checkpoint_dir(spec, run.output_dir)),
         run.search_path,
+        str(run.output_dir / JOURNAL),
         _tracking_config(run),
         str(Path(run.storage_path).resolve() / state.ray_run_name) if spec.run.local_storage else None,
     )

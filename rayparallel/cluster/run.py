@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..console import printer
-from ..files import ensure_writable
+from ..files import ensure_writable, space_warning
 from ..spec import SpecSource, load_spec
 from ..spec.references import add_search_path
 
@@ -69,6 +69,26 @@ def checked_job(job: JobSpec, native_logs: bool = False) -> Preflight:
     return preflight(job, native_logs=native_logs)
 
 
+def space_warning_for(job: JobSpec, output_dir: Path, checks: Preflight) -> str | None:
+    """Whether the checkpoint folder's disk has room for the weight files the run will keep."""
+    from .launch import checkpoint_dir
+
+    folder = checkpoint_dir(job, output_dir)
+    return space_warning(folder, checks.checkpoint_files, checks.checkpoint_file_bytes, "checkpoint.dir")
+
+
+def check_folders(job: JobSpec, output_dir: Path, checks: Preflight, verbose: bool) -> None:
+    """Both folders writable (or one line, before anything is written); a warning when the weight
+    files will not fit."""
+    from .launch import checkpoint_dir
+
+    ensure_writable(output_dir, "--output-dir")
+    ensure_writable(checkpoint_dir(job, output_dir), "checkpoint.dir")
+    warning = space_warning_for(job, output_dir, checks)
+    if warning:
+        printer(verbose)(warning)
+
+
 def run_job(
     spec: SpecSource,
     *,
@@ -87,7 +107,7 @@ def run_job(
     `on_epoch` sees every epoch's logs in this process and may end the run (see `Launch`).
     """
     from .connect import check_capacity
-    from .launch import Launch, checkpoint_dir, in_object_store, launch
+    from .launch import Launch, in_object_store, launch
     from .run_state import plan_run
 
     started_at = started_at or time.time()
@@ -111,8 +131,7 @@ def run_job(
         if checks is None:
             checks = checked_job(plan.spec, native_logs=worker_logs)
             marks["spec_checked"] = time.time()
-        ensure_writable(output_dir, "--output-dir")
-        ensure_writable(checkpoint_dir(plan.spec, output_dir), "checkpoint.dir")
+        check_folders(plan.spec, output_dir, checks, verbose)
         run = Launch(
             output_dir=output_dir,
             search_path=[os.getcwd()],

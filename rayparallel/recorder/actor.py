@@ -10,6 +10,10 @@ the console's events and the history: :mod:`.events`; files: :class:`CheckpointW
 order, while training goes on; progress and history calls use another thread so the console
 stays live during a write. It is pinned to the driver's node and works in the driver's
 folder, so the paths it writes (and MLflow's default sqlite store) are the driver's.
+
+When its process dies, Ray starts it again (`RECORDER_RESTARTS`) and retries the calls it was
+in: the new one reads back what the old one acknowledged (:mod:`.journal`, the manifest) and
+goes on with the same MLflow run, logging again what that run lacks.
 """
 
 from __future__ import annotations
@@ -28,12 +32,17 @@ from ..hooks import set_env_defaults
 from ..spec import JobSpec
 from ..spec.references import add_search_path
 from .events import EpochHistory, EventLog
+from .journal import RecorderJournal
 from .mlflow_record import MlflowRecord
 from .registry import WorkerRegistry
 from .stops import StopArbiter
 
 if TYPE_CHECKING:
     import numpy as np
+
+
+# How often Ray starts the recorder again after its process died; then the run fails with one line.
+RECORDER_RESTARTS = 3
 
 
 class RunRecorder:
@@ -44,6 +53,7 @@ class RunRecorder:
         spec: JobSpec,
         checkpoint_dir: str,
         search_path: list[str],
+        journal: str,
         tracking: dict | None = None,
         run_folder: str | None = None,
     ):
@@ -59,12 +69,21 @@ class RunRecorder:
         self._registry = WorkerRegistry(spec.batch_split)
         self._stops = StopArbiter(spec.train.epochs)
         self._startup: dict[str, float] = {}  # phase -> unix time, the first time it is reached
+        self._journal = RecorderJournal(Path(journal))
+        restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        acknowledged = self._journal.read() if restarted else None
+        if acknowledged and tracking and acknowledged["mlflow_run_id"]:
+            tracking = dict(tracking, resume_run_id=acknowledged["mlflow_run_id"])  # the same MLflow run
         self._mlflow = MlflowRecord(spec, tracking, self._warn) if tracking else None
+        if acknowledged:
+            self._carry_on(acknowledged)
+        self._record_journal()  # at once: a restart must never read an earlier run's journal
 
     # -- from the workers -------------------------------------------------------------
     def register_worker(self, info: dict) -> None:
         """Every rank of every worker group; a group of another size than the last is a resize."""
         resize, changed, complete = self._registry.register(info)
+        self._record_journal()
         if resize:
             self._events.add("resize", resize=resize)
         if changed and self._mlflow:
@@ -82,6 +101,7 @@ class RunRecorder:
     def update_worker(self, rank: int, info: dict) -> None:
         """More about a registered worker (its final weights' digest)."""
         self._registry.update(rank, info)
+        self._record_journal()
 
     def log_progress(
         self, epoch: int, step: int, steps: int, loss: float, samples_per_s: float, seconds: float = 0.0
@@ -95,6 +115,7 @@ class RunRecorder:
 
     def end_epoch(self, epoch: int, logs: dict, seconds: float) -> None:
         new = self._history.record(epoch, logs)  # re-run after a restart: identical figures, logged once
+        self._record_journal()  # before MLflow's queue: a restarted recorder logs what that run lacks
         self._events.add("epoch", epoch=epoch, logs=dict(logs), seconds=seconds)
         if self._mlflow and new:
             self._mlflow.epoch(epoch, logs)
@@ -105,13 +126,16 @@ class RunRecorder:
 
     def stop_after(self, epoch: int, reason: str | None = None) -> str | None:
         """Whether the run ends after `epoch`, and why (see :class:`StopArbiter`)."""
-        return self._stops.after(epoch, reason)
+        answer = self._stops.after(epoch, reason)
+        self._record_journal()
+        return answer
 
     def mark_phase(self, phase: str, at: float) -> None:
         """Rank 0 reached a start-up phase (rayparallel.startup.PHASES) at unix time `at`."""
         self._startup.setdefault(phase, at)
         if phase == "first_step_done":
             self._registry.first_step_done(at)
+        self._record_journal()
 
     def best_value(self) -> float | None:
         """The monitor's best among saved files, so a restarted rank 0 keeps `save_best_only` right."""
@@ -180,6 +204,8 @@ class RunRecorder:
     def drain(self) -> list[dict]:
         """The events since the last call; first, once, `mlflow` when the MLflow run exists."""
         announced = self._mlflow.announcement() if self._mlflow else None
+        if announced:
+            self._record_journal()  # the MLflow run's id, for a restart to go on with
         events = self._events.drain()
         return [{"kind": "mlflow", "info": announced}, *events] if announced else events
 
@@ -200,6 +226,36 @@ class RunRecorder:
     # -- internals ----------------------------------------------------------------------
     def _warn(self, text: str) -> None:
         self._events.add("warning", text=text)
+
+    def _record_journal(self) -> None:
+        had_error = self._journal.error
+        written = self._journal.write(
+            {
+                "history": self._history.as_list(),
+                "registry": self._registry.state(),
+                "stops": self._stops.state(),
+                "startup": self._startup,
+                "mlflow_run_id": self._mlflow.run_id if self._mlflow else None,
+            }
+        )
+        if not written and not had_error:  # once, until it can be written again
+            self._warn(f"{self._journal.path} not saved: {self._journal.error}; a restarted recorder would know less")
+
+    def _carry_on(self, acknowledged: dict) -> None:
+        """After a restart: what the recorder before this one acknowledged, and MLflow's missing epochs."""
+        self._history.restore(acknowledged["history"])
+        self._registry.restore(acknowledged["registry"])
+        self._stops.restore(acknowledged["stops"])
+        self._startup.update(acknowledged["startup"])
+        files = self._writer.restore()
+        history = self._history.as_list()
+        if self._mlflow:
+            for epoch, logs in enumerate(history, start=1):
+                self._mlflow.epoch(epoch, logs)  # the run skips the steps it has
+        self._warn(
+            f"the run's recorder was started again after its process was lost; it goes on from what it had "
+            f"recorded ({len(history)} epochs, {files} weight files)"
+        )
 
     def _log_files(self, weights_file: Path) -> None:
         if self._mlflow:

@@ -27,6 +27,11 @@ class MlflowRecord:
         self._announced = False
         self._unsaved: list[str] = []
 
+    @property
+    def run_id(self) -> str | None:
+        """None until the MLflow run exists (its delivery thread creates or reopens it)."""
+        return self._run.run_id
+
     def workers_changed(self, world: int, global_step: int) -> None:
         self._run.log_metrics({"num_workers": world}, step=global_step)
 

@@ -65,3 +65,13 @@ class WorkerRegistry:
     def workers(self) -> list[dict]:
         with self._lock:
             return [self._workers[r] for r in sorted(self._workers)]
+
+    def state(self) -> dict:
+        """What a restarted recorder needs to go on (see `recorder.journal`)."""
+        with self._lock:
+            return {"workers": list(self._workers.values()), "world": self._world, "resizes": list(self.resizes)}
+
+    def restore(self, state: dict) -> None:
+        with self._lock:
+            self._workers = {w["rank"]: w for w in state["workers"]}
+            self._world, self.resizes = state["world"], list(state["resizes"])

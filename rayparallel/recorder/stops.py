@@ -29,3 +29,13 @@ class StopArbiter:
                 if self._answers[epoch] and self.stopped is None:
                     self.stopped = {"epoch": epoch, "reason": self._answers[epoch]}
             return self._answers[epoch]
+
+    def state(self) -> dict:
+        """What a restarted recorder needs to go on (see `recorder.journal`)."""
+        with self._lock:
+            return {"requested": self._requested, "answers": list(self._answers.items()), "stopped": self.stopped}
+
+    def restore(self, state: dict) -> None:
+        with self._lock:
+            self._requested, self.stopped = state["requested"], state["stopped"]
+            self._answers = {int(epoch): answer for epoch, answer in state["answers"]}

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..checkpoint.policy import check_against_metrics
+from ..checkpoint.policy import check_against_metrics, files_kept
+from ..checkpoint.writer import weight_file_bytes
 from ..errors import DataError, SpecError
 from ..model import build_model
 from ..quiet import import_tensorflow
@@ -34,6 +35,8 @@ class Preflight:
     source: DataSource  # what the workers read
     datasets: dict = field(default_factory=dict)  # Ray Data: the lazy datasets for Ray Train, by split
     inputs: list[dict] = field(default_factory=list)  # the datasets as MLflow records them (log_input)
+    checkpoint_files: int = 0  # weight files the checkpoint folder holds at most by the end
+    checkpoint_file_bytes: int = 0  # about what one of them takes
 
 
 def check_accumulation(spec: JobSpec, steps_per_epoch: int) -> None:
@@ -87,9 +90,11 @@ def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
     val_keys = [f"val_{k}" for k in train_keys] if data.val_targets is not None else []
     keys = train_keys + ["samples_per_s", "input_wait_fraction"] + scale + val_keys
     callback_classes(spec.train.callbacks)
+    files = 0
     if spec.checkpoint.enabled:
         check_against_metrics(spec.checkpoint, epoch_keys=keys, step_keys=["loss"])
-    return Preflight(data.baselines, keys, data.source, data.datasets, data.inputs)
+        files = files_kept(spec.checkpoint, spec.train.epochs, data.steps)
+    return Preflight(data.baselines, keys, data.source, data.datasets, data.inputs, files, weight_file_bytes(model))
 
 
 def _open_data(spec: JobSpec) -> _Opened:

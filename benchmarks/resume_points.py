@@ -20,14 +20,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def throughput(job: str, overrides: list[str], every: int | None, out: Path) -> float:
-    """Median samples/s of the epochs after the first."""
+def throughput(job: str, overrides: list[str], out: Path) -> float:
+    """Median samples/s of the epochs after the first (also used by other benchmarks)."""
     import rayparallel
 
     result = rayparallel.train(
         job,
-        overrides=[*overrides, f"run.resume_every_n_steps={every if every else 'null'}"],
-        output_dir=out / f"run-{every}-{time.time_ns()}",
+        overrides=overrides,
+        output_dir=out / f"run-{time.time_ns()}",
         verbose=False,
         resume=False,
     )
@@ -57,8 +57,8 @@ def main() -> None:
         out = Path(tmp)
         with_points, without, ratios = [], [], []
         for round_ in range(rounds):
-            base = throughput(job, overrides, None, out)
-            points = throughput(job, overrides, args.every, out)
+            base = throughput(job, overrides, out)
+            points = throughput(job, [*overrides, f"run.resume_every_n_steps={args.every}"], out)
             without.append(base)
             with_points.append(points)
             ratios.append(points / base)

@@ -11,15 +11,21 @@ import numpy as np
 from jobs.parquet import write_splits
 
 
-def build_model(batch_size: int, size: int = 32, filters: int = 8):
+def build_model(batch_size: int, size: int = 32, filters: int = 8, batch_norm: bool = False):
+    """`batch_norm`: each convolution (without its bias) followed by BatchNormalization, then ReLU."""
     import keras
     from keras import layers
 
     inputs = keras.Input(shape=(size, size, 1), name="image")  # stateless: batch left free
 
+    def conv(x, n):
+        if not batch_norm:
+            return layers.Conv2D(n, 3, padding="same", activation="relu")(x)
+        x = layers.Conv2D(n, 3, padding="same", use_bias=False)(x)
+        return layers.ReLU()(layers.BatchNormalization()(x))
+
     def block(x, n):
-        x = layers.Conv2D(n, 3, padding="same", activation="relu")(x)
-        return layers.Conv2D(n, 3, padding="same", activation="relu")(x)
+        return conv(conv(x, n), n)
 
     d1 = block(inputs, filters)
     d2 = block(layers.MaxPooling2D()(d1), filters * 2)

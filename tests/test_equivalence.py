@@ -7,7 +7,7 @@ import pytest
 import rayparallel
 from tests.models import lstm_job
 
-from .helpers import final_weights, max_relative_error
+from .helpers import final_weights, keras_fit_streams, max_relative_error
 
 pytestmark = pytest.mark.slow
 
@@ -41,26 +41,25 @@ def run(spec, tmp_path, workers, cpus):
     )
 
 
-def test_stateful_lstm_streams_1_and_3_workers_same_weights(ray_address, tmp_path):
+def test_stateful_lstm_streams_3_workers_train_fits_model(ray_address, tmp_path):
     """16 streams on 3 workers is 6, 5 and 5: a worker count need not divide the global batch. The 3 workers
-    read through a rank-aware loader (each only its own streams): it trains the plain loader's model too.
-    (2 workers on streams: the default job through the CLI, tests/test_cli.py, and tests/test_ray_data.py.)"""
+    read through a rank-aware loader (each only its own streams): they train the model plain Keras `fit`
+    trains on all 16 in one process. (1 worker: tests/test_cluster.py's elastic run; 2 workers on streams:
+    the default job through the CLI, tests/test_cli.py, and tests/test_ray_data.py.)"""
     from tests.models import stateful_lstm
 
-    one = run(LSTM, tmp_path, 1, 1)
+    model, history = keras_fit_streams(LSTM)
     rank_aware = dict(LSTM, data={**LSTM["data"], "loader": "tests.models:sine_streams_shard"})
     three = run(rank_aware, tmp_path, 3, 1)
-    error = max_relative_error(
-        final_weights(three.final_weights, stateful_lstm), final_weights(one.final_weights, stateful_lstm)
-    )
-    print(f"lstm streams: 3 workers (rank-aware loader) vs 1, max relative weight error {error:.2e}")
+    error = max_relative_error(final_weights(three.final_weights, stateful_lstm), model.get_weights())
+    print(f"lstm streams: 3 workers (rank-aware loader) vs Keras fit, max relative weight error {error:.2e}")
     assert error < 1e-5
     assert [w["batch_shape"] for w in sorted(three.workers, key=lambda w: w["rank"])] == [
         [[b, 5, 2]] for b in (6, 5, 5)
     ]
     for key in ("loss", "mae", "val_loss", "val_mae"):  # global figures, not rank 0's share
-        assert three.final[key] == pytest.approx(one.final[key], rel=1e-4), key
-    assert len(one.history) == 2 and one.history[-1]["loss"] < one.history[0]["loss"]
+        assert [epoch[key] for epoch in three.history] == pytest.approx(history[key], rel=1e-4), key
+    assert history["loss"][-1] < history["loss"][0]
 
 
 @pytest.fixture(scope="module")

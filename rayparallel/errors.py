@@ -45,7 +45,8 @@ class StepTimeoutError(RuntimeError):
 
 
 class RunFailedError(RuntimeError):
-    """A process the run needs died (the run's recorder, Ray Train's controller): not bad input.
+    """A process the run needs died (the run's recorder, Ray Train's controller), or a disk it
+    writes failed mid-run: not bad input.
 
     The CLI prints its one line (what died, Ray's reason, how to continue) and exits 1;
     `--debug` shows the traceback of the death it was raised from.

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import rayparallel
-from rayparallel.errors import RayParallelError
+from rayparallel.errors import RayParallelError, RunFailedError
 from tests.models import lstm_job
 
 from .helpers import cli
@@ -219,7 +219,7 @@ def test_a_full_checkpoint_disk_is_one_line_per_write_and_keeps_every_listed_fil
     try:
         spec = lstm_job("full-disk", "train.epochs=3", "mlflow.enabled=false", f"checkpoint.dir={disk}")
         rayparallel.validate(spec)
-        with pytest.raises(RayParallelError) as info:  # the final weights cannot be written either: one line
+        with pytest.raises(RunFailedError) as info:  # the final weights cannot be written either: one line
             rayparallel.train(spec, output_dir=tmp_path / "out")
         printed = capsys.readouterr().out
         room = [line for line in printed.splitlines() if line.startswith("WARNING checkpoint.dir: expected room")]
@@ -227,6 +227,7 @@ def test_a_full_checkpoint_disk_is_one_line_per_write_and_keeps_every_listed_fil
         error = str(info.value)
         assert error.startswith(f"checkpoint.dir: expected a writable folder with free space, received '{disk}'")
         assert "No space left on device" in error and "\n" not in error and "Traceback" not in printed
+        assert error.endswith(f"; continue with: rayparallel train ... --resume --output-dir {tmp_path / 'out'}")
         warnings = [line for line in printed.splitlines() if line.startswith("WARNING epoch ")]
         assert [line.split(" not saved: ")[0] for line in warnings] == [
             "WARNING epoch 2: epoch-002.weights.h5",

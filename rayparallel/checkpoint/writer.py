@@ -60,8 +60,8 @@ class CheckpointWriter:
         return path
 
     def restore(self) -> int:
-        """A restarted recorder's writer: the files the manifest lists are this run's, kept by the
-        same rules as before; returns how many there are."""
+        """The files the folder's manifest lists (a resumed run's, or a restarted recorder's), kept
+        by the same rules from here on; returns how many there are."""
         try:
             body = read_manifest(self.folder)
         except RayParallelError:  # none written yet

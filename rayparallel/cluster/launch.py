@@ -26,7 +26,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from ..checkpoint.manifest import set_aside
 from ..console import Say, continue_with, interrupted, printer
 from ..errors import RayParallelError, RunFailedError, StepTimeoutError, first_line
-from ..files import atomic_write_text
+from ..files import WriteError, atomic_write_text
 from ..hooks import env_defaults
 from ..recorder.actor import RECORDER_RESTARTS, RecorderActor, recorder_name
 from ..recorder.journal import JOURNAL
@@ -227,6 +227,8 @@ def _conclude(run: Launch, actor: ActorHandle, error: BaseException | None, job_
         _end(actor, "FAILED", [job_file])
         _record(run, "FAILED")
         reason = user_error(error, run.storage_path)
+        if isinstance(reason, WriteError):  # a disk that failed mid-run is not bad input; the run resumes
+            raise RunFailedError(f"{reason}; {continue_with('train', run.output_dir)}") from error
         if reason:
             raise reason
         reason = ray.get(actor.failure.remote())  # a worker that ended itself left its reason here

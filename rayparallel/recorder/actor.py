@@ -69,6 +69,9 @@ class RunRecorder:
         self._registry = WorkerRegistry(spec.batch_split)
         self._stops = StopArbiter(spec.train.epochs)
         self._startup: dict[str, float] = {}  # phase -> unix time, the first time it is reached
+        # the files the folder's manifest lists are this run's: a resumed run's, or a restarted
+        # recorder's (a fresh run's earlier files were set aside before it started)
+        self._files_listed = self._writer.restore()
         self._journal = RecorderJournal(Path(journal))
         restarted = ray.get_runtime_context().was_current_actor_reconstructed
         acknowledged = self._journal.read() if restarted else None
@@ -247,14 +250,13 @@ class RunRecorder:
         self._registry.restore(acknowledged["registry"])
         self._stops.restore(acknowledged["stops"])
         self._startup.update(acknowledged["startup"])
-        files = self._writer.restore()
         history = self._history.as_list()
         if self._mlflow:
             for epoch, logs in enumerate(history, start=1):
                 self._mlflow.epoch(epoch, logs)  # the run skips the steps it has
         self._warn(
             f"the run's recorder was started again after its process was lost; it goes on from what it had "
-            f"recorded ({len(history)} epochs, {files} weight files)"
+            f"recorded ({len(history)} epochs, {self._files_listed} weight files)"
         )
 
     def _log_files(self, weights_file: Path) -> None:

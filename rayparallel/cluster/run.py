@@ -61,11 +61,11 @@ def needs_ray_for_checks(job: JobSpec) -> bool:
     return job.data.dataset is not None
 
 
-def checked_job(job: JobSpec, native_logs: bool = False) -> Preflight:
+def checked_job(job: JobSpec, native_logs: bool = False, working_dir: str | None = None) -> Preflight:
     """The workers' own checks, run here first: imports (from the working directory), data, the replica."""
     from ..worker.preflight import preflight
 
-    add_search_path([os.getcwd()])
+    add_search_path([working_dir or os.getcwd()])
     return preflight(job, native_logs=native_logs)
 
 
@@ -101,16 +101,15 @@ def run_job(
     on_epoch: Callable[[int, dict], str | None] | None = None,
 ) -> TrainResult:
     """Train the job (`spec` with `overrides`) into `output_dir` (default `runs/<name>`): see
-    `rayparallel.train` and the module doc.
-
-    `started_at` is the start-up clock's origin (the CLI's: when its process started);
-    `on_epoch` sees every epoch's logs in this process and may end the run (see `Launch`).
+    `rayparallel.train` and the module doc. `started_at` is the start-up clock's origin (the
+    CLI's: when its process started); `on_epoch` sees every epoch's logs here and may end the run.
     """
     from .connect import check_capacity
     from .launch import Launch, in_object_store, launch
     from .run_state import plan_run
 
     started_at = started_at or time.time()
+    working_dir = os.getcwd()  # before Ray: in `ray job submit` the cwd may be gone once the driver connects
     marks: dict[str, float] = {}  # the driver's start-up phases (rayparallel.startup)
     job = load_spec(spec, overrides)
     output_dir = Path(output_dir if output_dir is not None else Path("runs") / job.name).resolve()
@@ -122,19 +121,19 @@ def run_job(
         )
     checks = None
     if not needs_ray_for_checks(plan.spec):
-        checks = checked_job(plan.spec, native_logs=worker_logs)  # imports TensorFlow quietly
+        checks = checked_job(plan.spec, native_logs=worker_logs, working_dir=working_dir)  # imports TensorFlow
         marks["spec_checked"] = time.time()
     with ray_session(plan.spec, worker_logs) as whole_cluster:
         marks["ray_ready"] = time.time()
         if whole_cluster:
             check_capacity(plan.spec)
         if checks is None:
-            checks = checked_job(plan.spec, native_logs=worker_logs)
+            checks = checked_job(plan.spec, native_logs=worker_logs, working_dir=working_dir)
             marks["spec_checked"] = time.time()
         check_folders(plan.spec, output_dir, checks, verbose)
         run = Launch(
             output_dir=output_dir,
-            search_path=[os.getcwd()],
+            search_path=[working_dir],
             plan=plan,
             baselines=checks.baselines,
             verbose=verbose,

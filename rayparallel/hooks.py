@@ -35,11 +35,18 @@ HOOKS = {
     "default_variable_creator": "tensorflow.python.ops.resource_variable_ops:default_variable_creator_v2",
     # loss scaling: whether a cond may hold the optimizer's update in replica context
     "no_merge_call": "tensorflow:__internal__.distribute.strategy_supports_no_merge_call",
+    # a model's own step: Keras' per-replica loss scaling off (worker/own_step.py)
+    "keras_losses": "keras.src.losses.loss",
 }
 
 # Keras 3 optimizer attributes replaced: the all-reduce (compression; clipping after the sum)
 # and the learning rate (a schedule fed the batch count under gradient accumulation).
 OPTIMIZER_ATTRIBUTES = ("_all_reduce_sum_gradients", "_clip_gradients", "_learning_rate")
+# Keras 3 model and loss-module attributes read or replaced: the settings a builder's compile gave
+# (live objects; get_compile_config drops some, e.g. Huber's delta), Keras' own build of compile's
+# metrics before a model's own step is traced, and the loss scaling that step runs without.
+MODEL_ATTRIBUTES = ("_compile_config", "_symbolic_build")
+LOSS_SCALING = ("scale_loss_for_distribution", "unscale_loss_for_distribution")
 
 # Environment defaults, by the process that reads them; a user's own setting always wins.
 ENV_DEFAULTS = {

@@ -118,14 +118,15 @@ def job(name: str, builder: str, loader: str, loader_kwargs: dict, **train) -> d
     }
 
 
-def keras_fit(builder: Callable, data: dict, compile_args: dict, epochs: int = 3, **fit_args):
+def keras_fit(builder: Callable, data: dict, compile_args: dict | None, epochs: int = 3, **fit_args):
     """The oracle: plain Keras `fit` in this process, on the rows in order (`shuffle=False`, as
     `layout: streams` feeds them), seed 4 as in `job`; returns the model and its history."""
     import keras
 
     keras.utils.set_random_seed(4)
     model = builder(batch_size=8)
-    model.compile(**compile_args)
+    if compile_args is not None:  # None: the builder compiled it
+        model.compile(**compile_args)
     validation = (data["x_val"], data["y_val"]) + ((data["sample_weight_val"],) if "sample_weight_val" in data else ())
     history = model.fit(
         data["x_train"],

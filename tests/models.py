@@ -45,7 +45,7 @@ def small_cnn(batch_size: int = 4, classes: int = 3):
 
 
 def own_train_step_cnn(batch_size: int = 4, classes: int = 3):
-    """`small_cnn` as the Keras guide "Customizing what happens in fit()" writes it: its own `train_step`."""
+    """`small_cnn` with a `train_step` that calls Keras' own: trained through it."""
     import keras
 
     class OwnStep(keras.Model):
@@ -53,7 +53,100 @@ def own_train_step_cnn(batch_size: int = 4, classes: int = 3):
             return super().train_step(data)
 
     plain = small_cnn(batch_size, classes)
-    return OwnStep(plain.inputs, plain.outputs)
+    return OwnStep(plain.input, plain.output)
+
+
+def guide_train_step(batch_size: int, features: int = 4):
+    """The Keras guide "Customizing what happens in fit()", going lower-level: its own loss (mean
+    absolute error, whatever `compile` says), trackers and `test_step`, on `dense_regressor`."""
+    import keras
+    import tensorflow as tf
+
+    class CustomModel(keras.Model):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.loss_tracker = keras.metrics.Mean(name="loss")
+            self.mse_metric = keras.metrics.MeanSquaredError(name="mse")
+            self.loss_fn = keras.losses.MeanAbsoluteError()
+
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.loss_fn(y, y_pred)
+            gradients = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply_gradients(zip(gradients, self.trainable_variables, strict=True))
+            self.loss_tracker.update_state(loss)
+            self.mse_metric.update_state(y, y_pred)
+            return {"loss": self.loss_tracker.result(), "mse": self.mse_metric.result()}
+
+        def test_step(self, data):
+            x, y = data
+            y_pred = self(x, training=False)
+            self.loss_tracker.update_state(self.loss_fn(y, y_pred))
+            self.mse_metric.update_state(y, y_pred)
+            return {m.name: m.result() for m in self.metrics}
+
+        @property
+        def metrics(self):
+            return [self.loss_tracker, self.mse_metric]
+
+    plain = dense_regressor(batch_size, features)
+    return CustomModel(plain.input, plain.output)
+
+
+def guide_compute_loss(batch_size: int, features: int = 4):
+    """`Model.compute_loss` as Keras' API docs override it (a loss of its own plus the layers'
+    losses, its own tracker), compiled by the builder: SGD with momentum comes from compile."""
+    import keras
+    from keras import ops
+
+    class MyModel(keras.Model):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.loss_tracker = keras.metrics.Mean(name="loss")
+
+        def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+            loss = ops.mean((y_pred - y) ** 2) * 0.5
+            loss += ops.sum(self.losses)
+            self.loss_tracker.update_state(loss)
+            return loss
+
+        @property
+        def metrics(self):
+            return [self.loss_tracker]
+
+    inputs = keras.Input(batch_shape=(batch_size, features))
+    hidden = keras.layers.Dense(8, activation="tanh", kernel_regularizer=keras.regularizers.L2(0.01))(inputs)
+    model = MyModel(inputs, keras.layers.Dense(1)(hidden))
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9))
+    return model
+
+
+def compiled_regressor(batch_size: int, features: int = 4):
+    """A builder that ends with `compile`, as Keras users write one: settings `train:` does not repeat."""
+    import keras
+
+    model = dense_regressor(batch_size, features)
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.05, momentum=0.5),
+        loss=keras.losses.Huber(delta=0.5),
+        metrics=[keras.metrics.MeanAbsoluteError(name="mae")],
+    )
+    return model
+
+
+def no_logs_step(batch_size: int, features: int = 4):
+    """A `train_step` that trains but returns no logs."""
+    import keras
+
+    class NoLogs(keras.Model):
+        def train_step(self, data):
+            super().train_step(data)
+            return {}
+
+    plain = dense_regressor(batch_size, features)
+    return NoLogs(plain.input, plain.output)
 
 
 def blobs(rows: int = 96, val_rows: int = 24, classes: int = 3):

@@ -51,9 +51,25 @@ CNN = {
         ),
         (
             CNN,
-            ["model.builder=tests.models:own_train_step_cnn"],
-            "model.builder: expected a model that trains with Keras' own steps (rayparallel runs its own, with "
-            "train.loss and train.metrics), received a OwnStep overriding train_step, which would be ignored",
+            ["model.builder=tests.models:own_train_step_cnn", "train.gradient_accumulation_steps=2"],
+            "train.gradient_accumulation_steps: expected 1 for a model with its own train_step (its step cannot "
+            "apply rayparallel's version of it exactly), received 2",
+        ),
+        (
+            REGRESSOR,
+            ["model.builder=tests.models:guide_train_step", "scaling.num_workers=3"],
+            "scaling.num_workers: expected a divisor of train.global_batch_size for a model with its own "
+            "train_step, test_step (its step cannot apply rayparallel's version of it exactly), received 3 (uneven",
+        ),
+        (
+            REGRESSOR,
+            ["model.builder=tests.models:no_logs_step"],
+            "model.train_step: expected a dict of logs (as Keras' own step returns), received {}",
+        ),
+        (
+            REGRESSOR,
+            ["model.builder=tests.models:compiled_regressor", "train.loss=mse"],
+            "train.loss: expected the builder's compile(loss=Huber) or nothing, received 'mse' beside it",
         ),
         (
             CNN,

@@ -8,7 +8,15 @@ import sys
 
 import pytest
 
-from rayparallel.hooks import ENV_DEFAULTS, HOOKS, OPTIMIZER_ATTRIBUTES, env_defaults, hook
+from rayparallel.hooks import (
+    ENV_DEFAULTS,
+    HOOKS,
+    LOSS_SCALING,
+    MODEL_ATTRIBUTES,
+    OPTIMIZER_ATTRIBUTES,
+    env_defaults,
+    hook,
+)
 
 from .helpers import REPO
 
@@ -24,6 +32,18 @@ def test_the_replaced_optimizer_attributes_exist_on_a_keras_optimizer():
     optimizer = keras.optimizers.SGD(0.1)
     missing = [name for name in OPTIMIZER_ATTRIBUTES if not hasattr(optimizer, name)]
     assert not missing, f"keras {keras.__version__} optimizers lack {missing}"
+
+
+def test_the_model_and_loss_attributes_read_or_replaced_exist():
+    import keras
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    loss = keras.losses.Huber(delta=0.5)
+    model.compile(loss=loss)
+    missing = [name for name in MODEL_ATTRIBUTES if not hasattr(model, name)]
+    missing += [name for name in LOSS_SCALING if not hasattr(hook("keras_losses"), name)]
+    assert not missing, f"keras {keras.__version__} lacks {missing}"
+    assert model._compile_config.config["loss"] is loss  # the live object: Huber's get_config drops its delta
 
 
 def test_importing_rayparallel_sets_no_environment_variable():

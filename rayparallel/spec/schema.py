@@ -94,8 +94,9 @@ class TrainSpec:
 
     global_batch_size: int
     epochs: int = 1
-    optimizer: Identifier = "adam"
-    loss: Identifier = "mean_squared_error"  # or {output name: loss} for several outputs, as in compile
+    # None: the builder's compile(...) settings if it compiled its model, else adam and mean_squared_error
+    optimizer: Identifier | None = None
+    loss: Identifier | None = None  # or {output name: loss} for several outputs, as in compile
     loss_weights: dict | list | None = None  # several outputs: their weights in the total loss
     metrics: list | dict = field(default_factory=list)  # or {output name: [metrics]}
     # Keras callbacks: {class_name: EarlyStopping, config: {...}} or {class: module:Class, kwargs: {...}}

@@ -60,7 +60,8 @@ def open_feed(
 class Feed:
     steps: int  # training steps per epoch, the same on every worker
     val_steps: int  # 0: no validation data
-    sample_y: Any  # training targets of some rows, as the source gives them (the heads are checked on them)
+    sample_x: Any  # features of some rows, as the source gives them (a model's own step is built on them)
+    sample_y: Any  # training targets of those rows (the heads are checked on them)
     baselines: dict
 
     def __init__(self) -> None:
@@ -99,7 +100,7 @@ class ArrayFeed(Feed):
         self.per_worker = stop - start
         self.steps = shards.steps_per_epoch(data.train.rows, global_batch)
         self.val_steps = shards.steps_per_epoch(data.val.rows, global_batch) if data.val else 0
-        self.sample_y, self.baselines = data.train.y, data.baselines
+        self.sample_x, self.sample_y, self.baselines = data.train.x, data.train.y, data.baselines
 
     def _train(self, epoch: int) -> Iterator[Batch]:
         order = shards.epoch_order(self.data.train.rows, epoch - 1, self.layout, self.seed)
@@ -146,6 +147,7 @@ class DatasetFeed(Feed):
         self.shard = ray.train.get_dataset_shard("train")
         self.val_shard = ray.train.get_dataset_shard("val") if opened.val_rows else None
         self.baselines = {}
+        self.sample_x = datasets.features(opened.sample, opened.x)
         self.sample_y = datasets.features(opened.sample, opened.y)
 
     def _train(self, epoch: int) -> Iterator[Batch]:

@@ -24,7 +24,7 @@ from ..model import build_model
 from ..spec import JobSpec
 from ..spec.references import add_search_path
 from ..spec.schema import rank_rows
-from . import outputs, replica, resume
+from . import compiled, outputs, own_step, replica, resume
 from .batch_norm import BatchNormSync
 from .cadence import ProgressCadence
 from .callbacks import Callbacks, make_callbacks
@@ -34,6 +34,7 @@ from .step import EpochFigures, Steps
 from .sync import (
     Reducer,
     StepWatchdog,
+    average_over_workers,
     clip_after_all_reduce,
     compress_gradients,
     configure_threads,
@@ -83,32 +84,42 @@ class WorkerRun:
         self.reducer = reducer = Reducer(self.strategy)
         self.feed = open_feed(source, spec, self.rank, self.world, reducer.gather)
         self._mark("data_loaded")
-        with self.strategy.scope():
-            with replica.kept_local(local):
-                self.model = build_model(spec.model, self.per_worker, spec.train.dtype_policy)
-            self.optimizer = replica.make_optimizer(spec.train.optimizer)
+        with self.strategy.scope(), replica.kept_local(local):
+            self.model = build_model(spec.model, self.per_worker, spec.train.dtype_policy)
+            train = compiled.resolve(spec.train, self.model, check=False)  # the driver checked
+            own = own_step.overridden(self.model)
+            self.optimizer = replica.make_optimizer(train.optimizer)
+            self.output_names = names = outputs.output_names(self.model)
+            sample_y = outputs.targets_by_output(self.feed.sample_y, names, "train")
+            if own:  # its step reads self.optimizer and compile's loss and metrics, built before its trace
+                own_step.compile_for_own_step(self.model, self.optimizer, train)
+                batch = own_step.first_rows((self.feed.sample_x, sample_y), self.per_worker)
+                self.model._symbolic_build(data_batch=batch)
             self.optimizer.build(self.model.trainable_variables)  # not lazily inside the compiled step
         replica.accumulate_schedule(self.optimizer, spec.train.gradient_accumulation_steps)
         compress_gradients(self.optimizer, spec.train.gradient_compression)
+        if own:
+            own_step.one_process_losses()
+            average_over_workers(self.optimizer, self.world)  # before: clipping acts on the mean
         clip_after_all_reduce(self.optimizer)  # after: clipping acts on the summed, cast-back gradient
         replica.seed_per_rank(self.model, spec.train.seed, self.rank)
         self.batch_norm = BatchNormSync(self.model, spec.train.batch_norm, self.world)  # before the step's trace
         self._mark("replica_built")
-        self.output_names = names = outputs.output_names(self.model)
-        heads = outputs.make_heads(
-            spec.train, self.model, outputs.targets_by_output(self.feed.sample_y, names, "train")
-        )
-        self.steps = Steps(
-            self.strategy,
-            self.model,
-            self.optimizer,
-            heads,
-            self.global_batch,
-            replica.use_jit(spec.train.jit_compile, self.model),
-            spec.train.loss_scale,
-            spec.train.gradient_accumulation_steps,
-        )
-        self.figures = EpochFigures(self.steps, reducer, self.rank, self.world)
+        if own:
+            self.steps = own_step.OwnSteps(self.strategy, self.model)
+            self.figures = own_step.OwnStepFigures(self.steps, reducer, self.rank, self.world)
+        else:
+            self.steps = Steps(
+                self.strategy,
+                self.model,
+                self.optimizer,
+                outputs.make_heads(train, self.model, sample_y),
+                self.global_batch,
+                replica.use_jit(spec.train.jit_compile, self.model),
+                spec.train.loss_scale,
+                spec.train.gradient_accumulation_steps,
+            )
+            self.figures = EpochFigures(self.steps, reducer, self.rank, self.world)
         self.stateful = replica.stateful_layers(self.model)
         rows = rank_rows(self.global_batch, self.world, self.rank)
         self.epoch_state = resume.EpochState(self.steps, reducer, self.stateful, rows, self.global_batch)

@@ -20,7 +20,7 @@ from ..errors import DataError, SpecError
 from ..model import build_model
 from ..quiet import import_tensorflow
 from ..spec import JobSpec, Shard
-from . import datasets, outputs, replica, shards
+from . import compiled, datasets, outputs, own_step, replica, shards
 from .callbacks import callback_classes
 from .feed import DataSource
 
@@ -67,6 +67,9 @@ class _Opened:
     inputs: list[dict]  # for MLflow
     datasets: dict = field(default_factory=dict)  # Ray Data's lazy datasets
     sample_x: Any = None  # Ray Data: the features of the first global batch
+    features: Any = None  # training features (as `targets`), for a model's own step
+    val_features: Any = None
+    weighted: bool = False  # the loader gave sample weights
 
 
 def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
@@ -76,18 +79,26 @@ def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
     data = _open_data(spec)
     replica.batch_dependent_variables(spec.model, spec.possible_batch_sizes, spec.train.dtype_policy)  # uneven splits
     model = build_model(spec.model, spec.per_worker_batch_size, spec.train.dtype_policy)
-    replica.check_own_steps(model)
+    train = compiled.resolve(spec.train, model)
+    own = own_step.overridden(model)
+    if own:
+        own_step.check_job(spec, own, weighted=data.weighted)
     if data.sample_x is not None:
         check_inputs(model, data.sample_x)
-    replica.make_optimizer(spec.train.optimizer)
+    optimizer = replica.make_optimizer(train.optimizer)
     names = outputs.output_names(model)
     y_train = outputs.targets_by_output(data.targets, names, "train")
-    if data.val_targets is not None:
-        outputs.targets_by_output(data.val_targets, names, "val")
-    train_keys = outputs.epoch_keys(outputs.make_heads(spec.train, model, y_train))
+    y_val = outputs.targets_by_output(data.val_targets, names, "val") if data.val_targets is not None else None
+    if own:
+        rows = spec.per_worker_batch_size
+        own_step.compile_for_own_step(model, optimizer, train)
+        val = own_step.first_rows((data.val_features, y_val), rows) if y_val is not None else None
+        train_keys, val_keys = own_step.trial_step(model, own_step.first_rows((data.features, y_train), rows), val)
+    else:
+        train_keys = outputs.epoch_keys(outputs.make_heads(train, model, y_train))
+        val_keys = [f"val_{k}" for k in train_keys] if y_val is not None else []
     check_accumulation(spec, data.steps)
     scale = ["loss_scale"] if spec.train.loss_scale else []
-    val_keys = [f"val_{k}" for k in train_keys] if data.val_targets is not None else []
     keys = train_keys + ["samples_per_s", "input_wait_fraction"] + scale + val_keys
     callback_classes(spec.train.callbacks)
     files = 0
@@ -106,9 +117,8 @@ def _open_data(spec: JobSpec) -> _Opened:
         steps = opened.input.steps(opened.input.train_rows, batch)
         y_val = y if opened.input.val_rows else None  # the same columns
         source = DataSource(datasets=opened.input)
-        return _Opened(
-            source, y, y_val, steps, {}, opened.descriptions, opened.datasets, datasets.features(sample, spec.data.x)
-        )
+        x = datasets.features(sample, spec.data.x)
+        return _Opened(source, y, y_val, steps, {}, opened.descriptions, opened.datasets, x, x, x)
     if shards.rank_aware(spec.data):  # each worker loads its own rows: check rank 0's share
         shard = Shard.of(0, spec.scaling.max_workers, batch)
         data = shards.load_data(spec.data, batch, spec.train.class_weight, shard)
@@ -116,8 +126,12 @@ def _open_data(spec: JobSpec) -> _Opened:
     else:
         data = shards.load_data(spec.data, batch, spec.train.class_weight)
         source, steps = DataSource(arrays=data), shards.steps_per_epoch(data.train.rows, batch)
-    y_val = data.val.y if data.val is not None else None
-    return _Opened(source, data.train.y, y_val, steps, data.baselines, [shards.describe_arrays(spec.data, data)])
+    y_val, x_val = (data.val.y, data.val.x) if data.val is not None else (None, None)
+    weighted = data.train.w is not None and spec.train.class_weight is None
+    described = [shards.describe_arrays(spec.data, data)]
+    return _Opened(
+        source, data.train.y, y_val, steps, data.baselines, described, {}, None, data.train.x, x_val, weighted
+    )
 
 
 def check_inputs(model: keras.Model, x: Any) -> None:

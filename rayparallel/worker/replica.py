@@ -82,11 +82,13 @@ SEED_STATE = "seed_generator_state"
 
 @contextlib.contextmanager
 def kept_local(indices: set[int]) -> Iterator[None]:
-    """Inside the strategy's scope: the variables created at `indices`, and every random layer's
-    seed state, stay this worker's own.
+    """Inside the strategy's scope: the variables created at `indices`, every random layer's seed
+    state and every metric's state stay this worker's own.
 
     Neither broadcast nor mirrored: each replica's stream states belong to its own streams, and
-    its random layers draw from its own stream (`seed_per_rank`).
+    its random layers draw from its own stream (`seed_per_rank`). Metric states (Keras makes them
+    sync-on-read, which a read outside the step would sum over all workers, a collective) are
+    summed by rayparallel where figures are needed, as for the metrics of its own step.
     TensorFlow has no public way past the strategy's variable creator; its default creator
     is the one it would end with.
     """
@@ -97,7 +99,8 @@ def kept_local(indices: set[int]) -> Iterator[None]:
 
     def create(next_creator, **kwargs):
         index = next(count)  # every variable counts, in creation order
-        if index in indices or kwargs.get("name") == SEED_STATE:
+        on_read = kwargs.get("synchronization") == tf.VariableSynchronization.ON_READ  # Keras metrics only
+        if index in indices or kwargs.get("name") == SEED_STATE or on_read:
             return default_variable_creator_v2(None, **kwargs)
         return next_creator(**kwargs)
 
@@ -120,23 +123,6 @@ def seed_per_rank(model: keras.Model, seed: int, rank: int) -> None:
     for index, state in enumerate(states):
         derived = int(np.random.SeedSequence([seed, rank, index]).generate_state(1)[0] % 2**31)
         state.assign(np.array([derived, 0], dtype=state.dtype))
-
-
-# A model's own step code that our step would skip: refused, never silently ignored.
-OWN_STEPS = ("train_step", "test_step", "compute_loss", "compute_metrics")
-
-
-def check_own_steps(model: keras.Model) -> None:
-    """rayparallel's step trains with `train.loss` and `train.metrics`; a model's own steps would not run."""
-    import keras
-
-    own = [name for name in OWN_STEPS if getattr(type(model), name, None) is not getattr(keras.Model, name)]
-    if own:
-        raise ModelError(
-            "model.builder: expected a model that trains with Keras' own steps (rayparallel runs its own, with "
-            f"train.loss and train.metrics), received a {type(model).__name__} overriding {', '.join(own)}, which "
-            "would be ignored"
-        )
 
 
 def stateful_layers(model: keras.Model) -> list[keras.layers.Layer]:

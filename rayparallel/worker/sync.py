@@ -155,6 +155,23 @@ def clip_after_all_reduce(optimizer: keras.optimizers.Optimizer) -> None:
     optimizer._all_reduce_sum_gradients = reduce_then_clip
 
 
+def average_over_workers(optimizer: keras.optimizers.Optimizer, world: int) -> None:
+    """Make the optimizer apply the workers' mean gradient, not their sum (a model's own step:
+    each worker's loss is its rows' mean, as in one process; see `own_step`)."""
+    if world == 1:
+        return
+    import tensorflow as tf
+
+    all_reduce = optimizer._all_reduce_sum_gradients
+
+    def mean(gradient):
+        if isinstance(gradient, tf.IndexedSlices):
+            return tf.IndexedSlices(gradient.values / world, gradient.indices, gradient.dense_shape)
+        return gradient / world
+
+    optimizer._all_reduce_sum_gradients = lambda grads_and_vars: [(mean(g), v) for g, v in all_reduce(grads_and_vars)]
+
+
 class Reducer:
     """Sums a list of NumPy arrays over all workers in one collective (every rank must call)."""
 

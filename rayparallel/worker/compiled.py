@@ -1,0 +1,87 @@
+"""The job's training settings, from `train:` or from a builder that compiled its model.
+
+A Keras user's builder usually ends with `model.compile(...)`: its optimizer, loss, loss
+weights and metrics are then the job's, as live objects (a Huber's delta, a schedule and
+an optimizer's clipping all kept), and `train.optimizer`/`loss`/`metrics` may be left out.
+Given both and different, the job is refused with one line naming both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import TYPE_CHECKING, Any
+
+from ..errors import SpecError
+
+if TYPE_CHECKING:
+    import keras
+
+    from ..spec import TrainSpec
+
+# train: without a compiled builder, as before
+DEFAULTS = {"optimizer": "adam", "loss": "mean_squared_error"}
+COMPILED = ("optimizer", "loss", "loss_weights", "metrics")
+
+
+def resolve(train: TrainSpec, model: keras.Model, check: bool = True) -> TrainSpec:
+    """`train` with the compile's settings where the builder compiled, the defaults where neither says.
+
+    Workers resolve without the `check` the driver made: comparing may create optimizers, and a
+    variable made inside the strategy's scope is a collective.
+    """
+    compiled = _compiled_settings(model)
+    settings = {}
+    for key in COMPILED:
+        given, theirs = getattr(train, key), compiled.get(key)
+        if theirs is None or theirs == []:
+            settings[key] = DEFAULTS.get(key) if given is None else given
+            continue
+        if check and given not in (None, []) and _fingerprint(key, given) != _fingerprint(key, theirs):
+            raise SpecError(
+                f"train.{key}: expected the builder's compile({key}={_shown(theirs)}) or nothing, received "
+                f"{given!r} beside it"
+            )
+        settings[key] = _by_output_name(theirs, model) if key in ("loss", "metrics") else theirs
+    return dataclasses.replace(train, **settings)
+
+
+def _compiled_settings(model: keras.Model) -> dict:
+    if not getattr(model, "compiled", False):
+        return {}
+    return dict(model._compile_config.config)  # live objects, as passed to compile
+
+
+def _by_output_name(value: Any, model: keras.Model) -> Any:
+    """compile's list in output order, as the dict by output name `train:` uses."""
+    names = list(model.output_names)
+    if isinstance(value, (list, tuple)) and len(names) > 1 and len(value) == len(names):
+        return dict(zip(names, value, strict=True))
+    return value
+
+
+def _fingerprint(key: str, value: Any) -> str:
+    """A comparable form: the class and its config without its name, or the function's name."""
+    import keras
+
+    if isinstance(value, dict) and "class_name" not in value:
+        return json.dumps({k: _fingerprint(key, v) for k, v in value.items()}, sort_keys=True)
+    if isinstance(value, (list, tuple)):
+        return json.dumps([_fingerprint(key, v) for v in value])
+    if key == "metrics":
+        return value if isinstance(value, str) else getattr(value, "name", repr(value))
+    module = keras.optimizers if key == "optimizer" else keras.losses if key == "loss" else None
+    if module is not None and isinstance(value, (str, dict)):
+        try:
+            value = module.get(value)
+        except (ValueError, TypeError):
+            return repr(value)
+    if not hasattr(value, "get_config"):
+        return getattr(value, "__name__", repr(value))
+    config = {k: v for k, v in value.get_config().items() if k != "name"}
+    config.update(getattr(value, "_fn_kwargs", {}))  # a wrapped loss's arguments, which its config may drop
+    return f"{type(value).__name__}{json.dumps(config, sort_keys=True, default=str)}"
+
+
+def _shown(value: Any) -> str:
+    return type(value).__name__ if hasattr(value, "get_config") else repr(value)

@@ -1,0 +1,187 @@
+"""A model's own `train_step`, `test_step` or `compute_loss`, run on every worker as one process runs it.
+
+Each worker calls the model's step on its rows with Keras' per-replica loss scaling off
+(`one_process_losses`), and the optimizer averages the gradients over the workers
+(`sync.average_over_workers`). For a loss that is a mean over the batch's rows (Keras
+losses, `compute_loss`, `ops.mean`) and equal shards, the average of the workers' gradients
+is the gradient of the global batch, and the model's trackers see the values they would
+see in one process; Keras' own contract (losses scaled by 1/N, gradients summed) gives the
+same gradients but trackers fed the scaled loss report 1/N of it. The trackers' states are
+summed over the workers whenever figures are needed, so the logs are global figures,
+weighted as the trackers weigh them (rows, not a mean of per-worker means).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import ModelError, first_line
+from ..hooks import hook
+from .step import EpochFigures
+
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
+
+    from ..spec import JobSpec
+
+# The steps a Keras model may override; rayparallel then runs the model's own
+OWN_STEPS = ("train_step", "test_step", "compute_loss", "compute_metrics")
+
+
+def overridden(model: keras.Model) -> list[str]:
+    import keras
+
+    return [name for name in OWN_STEPS if getattr(type(model), name, None) is not getattr(keras.Model, name)]
+
+
+def check_job(spec: JobSpec, own: list[str], weighted: bool) -> None:
+    """What of rayparallel's own step machinery a model's step cannot use: refused, never ignored."""
+    train = spec.train
+    refused = [
+        (train.gradient_accumulation_steps > 1, "train.gradient_accumulation_steps", "1"),
+        (train.dtype_policy == "mixed_float16", "train.dtype_policy", "float32 or mixed_bfloat16 (no loss scaling)"),
+        (train.jit_compile is True, "train.jit_compile", "auto or false"),
+        (train.class_weight is not None or weighted, "train.class_weight and sample weights", "none"),
+        (len(set(spec.possible_batch_sizes)) > 1, "scaling.num_workers", "a divisor of train.global_batch_size"),
+    ]
+    for refuse, key, wanted in refused:
+        if refuse:
+            raise ModelError(
+                f"{key}: expected {wanted} for a model with its own {', '.join(own)} (its step cannot apply "
+                f"rayparallel's version of it exactly), received {_setting(spec, key)}"
+            )
+
+
+def _setting(spec: JobSpec, key: str) -> Any:
+    if key == "scaling.num_workers":
+        return f"{spec.scaling.num_workers} (uneven shards: a mean of per-worker means is not the global mean)"
+    if key.startswith("train.class_weight"):
+        return "weights (the loader's sample_weight_train or train.class_weight)"
+    return getattr(spec.train, key.split(".")[1])
+
+
+def compile_for_own_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, train: Any) -> None:
+    """A model not compiled by its builder gets the job's settings, as `compile` would give them:
+    its own step reads `self.optimizer`, `self.compute_loss` and `self.metrics`."""
+    if not model.compiled:
+        model.compile(optimizer=optimizer, loss=train.loss, loss_weights=train.loss_weights, metrics=train.metrics)
+
+
+def trial_step(model: keras.Model, batch: tuple, val_batch: tuple | None) -> tuple[list[str], list[str]]:
+    """The model's steps once, in the driver, on one worker's batch: the history keys they give.
+
+    Only logs that are the model's metric results can be summed over workers into global figures.
+    """
+    keys = _logs_keys(model, "train_step", batch)
+    val_keys = [f"val_{k}" for k in _logs_keys(model, "test_step", val_batch)] if val_batch is not None else []
+    return keys, val_keys
+
+
+def _logs_keys(model: keras.Model, step: str, batch: tuple) -> list[str]:
+    model.reset_metrics()
+    try:
+        logs = getattr(model, step)(batch)
+    except Exception as exc:  # the user's code: any error, named with its first line
+        raise ModelError(
+            f"model.{step}: expected a step that runs on a batch of (x, y), received {type(exc).__name__}: "
+            f"{first_line(exc)}"
+        ) from None
+    if not isinstance(logs, dict) or not logs:
+        raise ModelError(f"model.{step}: expected a dict of logs (as Keras' own step returns), received {logs!r}")
+    bad = [key for key, value in logs.items() if np.ndim(np.asarray(value)) != 0]
+    if bad:
+        raise ModelError(f"model.{step}: expected scalar logs, received non-scalar values for {bad}")
+    results = model.get_metrics_result()
+    unknown = [key for key in logs if key not in results]
+    if unknown:
+        raise ModelError(
+            f"model.{step}: expected logs that are results of the model's metrics {sorted(results)} (only those "
+            f"can be summed over workers), received {unknown}"
+        )
+    model.reset_metrics()
+    return list(logs)
+
+
+def first_rows(structure: Any, rows: int) -> Any:
+    """The first `rows` rows of arrays nested as `fit` takes them (dicts, tuples)."""
+    import keras
+
+    return keras.tree.map_structure(lambda array: np.asarray(array)[:rows], structure)
+
+
+def one_process_losses() -> None:
+    """Keras' losses scale by 1/replicas under `tf.distribute` and its trackers scale back: off, so the
+    model's step computes what it computes in one process (the gradients are averaged instead)."""
+    losses = hook("keras_losses")
+    losses.scale_loss_for_distribution = losses.unscale_loss_for_distribution = _unchanged
+
+
+def _unchanged(value: Any) -> Any:
+    return value
+
+
+class OwnSteps:
+    """The model's steps inside `strategy.run`, in `Steps`' interface; figures from its metrics."""
+
+    loss_scale = None
+    accumulation_steps = 1
+
+    def __init__(self, strategy: tf.distribute.Strategy, model: keras.Model):
+        import tensorflow as tf
+
+        self.model = model
+        self.metrics = model.metrics  # built: the worker ran Keras' symbolic build before
+        self.loss_total = tf.Variable(0.0, dtype=tf.float64, trainable=False)  # unused: no loss of ours
+        self.steps_run = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.first_nonfinite = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.train_keys: list[str] = []  # the logs' keys, known once each step is traced
+        self.eval_keys: list[str] = []
+
+        def train_replica(x, y, w):
+            logs = model.train_step((x, y))
+            self.train_keys = list(logs)
+            self.steps_run.assign_add(1)
+            if "loss" in logs:
+                bad = tf.logical_and(tf.logical_not(tf.math.is_finite(logs["loss"])), tf.equal(self.first_nonfinite, 0))
+                self.first_nonfinite.assign(tf.where(bad, self.steps_run, self.first_nonfinite))
+
+        def eval_replica(x, y, w):
+            self.eval_keys = list(model.test_step((x, y)))
+
+        self.train_step = tf.function(lambda x, y, w: strategy.run(train_replica, args=(x, y, w)))
+        self.eval_step = tf.function(lambda x, y, w: strategy.run(eval_replica, args=(x, y, w)))
+
+    def step(self, global_step: int) -> Any:
+        return self.train_step
+
+    def reset(self) -> None:
+        self.model.reset_metrics()
+        self.steps_run.assign(0)
+        self.first_nonfinite.assign(0)
+
+
+class OwnStepFigures(EpochFigures):
+    """The model's metric states summed over all workers, then its own results, under its logs' keys."""
+
+    def running_loss(self, steps_done: int, seconds: float = 0.0) -> float:
+        return self._global_results(seconds).get("loss", float("nan"))
+
+    def collect(self, steps_done: int, prefix: str = "") -> dict[str, float]:
+        results = self._global_results()
+        keys = self._steps.eval_keys if prefix else self._steps.train_keys
+        return {prefix + key: results[key] for key in keys}
+
+    def _global_results(self, seconds: float = 0.0) -> dict[str, float]:
+        """The local states come back afterwards: the epoch goes on, and a later sum must not count twice."""
+        variables = [v for m in self._steps.metrics for v in m.variables]
+        local = [np.asarray(v.numpy()) for v in variables]
+        _, summed = self._reduce(local, seconds)
+        for variable, value in zip(variables, summed, strict=True):
+            variable.assign(np.asarray(value).astype(variable.dtype))
+        results = {key: float(np.asarray(value)) for key, value in self._steps.model.get_metrics_result().items()}
+        for variable, value in zip(variables, local, strict=True):
+            variable.assign(value)
+        return results

@@ -12,11 +12,12 @@ from __future__ import annotations
 import os
 import time
 
-# In the order they happen; `result.json` `startup` lists those that were reached.
+# In the order they happen, but the recorder's, which may come after the workers' first phases;
+# `result.json` `startup` lists those that were reached.
 PHASES = (
     "spec_checked",  # driver: spec, imports, data and replica checked (preflight; after Ray for a Ray Data job)
     "ray_ready",  # driver: joined or started Ray
-    "recorder_ready",  # the recorder actor is up (MLflow run creation goes on in its thread)
+    "recorder_ready",  # the recorder actor is up; it starts beside the worker group (MLflow's run in its thread)
     "workers_started",  # rank 0 entered the training function
     "tensorflow_imported",
     "strategy_ready",  # MultiWorkerMirroredStrategy: every worker connected

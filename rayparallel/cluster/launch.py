@@ -159,8 +159,8 @@ def _start_recorder(run: Launch) -> ActorHandle:
         _tracking_config(run),
         str(Path(run.storage_path).resolve() / state.ray_run_name) if spec.run.local_storage else None,
     )
-    ray.get(actor.ping.remote())  # up; its MLflow run is created meanwhile, announced by an event
-    run.mark("recorder_ready")
+    # not waited for: it starts beside the worker group (the workers' first calls on it wait for it), and
+    # marks recorder_ready itself; its MLflow run is created meanwhile, announced by an event
     return actor
 
 

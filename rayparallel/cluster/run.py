@@ -9,6 +9,7 @@ folder's lock and writes.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import time
@@ -69,6 +70,30 @@ def checked_job(job: JobSpec, native_logs: bool = False, working_dir: str | None
     return preflight(job, native_logs=native_logs)
 
 
+def start_checks(job: JobSpec, worker_logs: bool, working_dir: str, marks: dict[str, float]) -> Callable[[], Preflight]:
+    """The job's checks (seconds: they import TensorFlow), started as early as they may be; the
+    function returned gives their result (or raises their error) inside the Ray session.
+
+    A Ray Data job is checked through Ray, once it is there. Any other job is checked before
+    Ray (see `needs_ray_for_checks`), beside the start of a local Ray when this process starts
+    one: no working directory can vanish then, and both take seconds.
+    """
+    import ray
+
+    def check() -> Preflight:
+        checks = checked_job(job, native_logs=worker_logs, working_dir=working_dir)
+        marks["spec_checked"] = time.time()
+        return checks
+
+    if needs_ray_for_checks(job):
+        return check
+    if ray.is_initialized() or os.environ.get("RAY_ADDRESS"):
+        checks = check()
+        return lambda: checks
+    beside_ray = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rayparallel-checks").submit(check)
+    return beside_ray.result
+
+
 def space_warning_for(job: JobSpec, output_dir: Path, checks: Preflight) -> str | None:
     """Whether the checkpoint folder's disk has room for the weight files the run will keep."""
     from .launch import checkpoint_dir
@@ -119,17 +144,12 @@ def run_job(
             f"rayparallel: resuming the job recorded in {output_dir / 'job.yaml'}, not the given one, which differs "
             f"in {', '.join(plan.changed)}"
         )
-    checks = None
-    if not needs_ray_for_checks(plan.spec):
-        checks = checked_job(plan.spec, native_logs=worker_logs, working_dir=working_dir)  # imports TensorFlow
-        marks["spec_checked"] = time.time()
+    checks = start_checks(plan.spec, worker_logs, working_dir, marks)
     with ray_session(plan.spec, worker_logs) as whole_cluster:
         marks["ray_ready"] = time.time()
         if whole_cluster:
             check_capacity(plan.spec)
-        if checks is None:
-            checks = checked_job(plan.spec, native_logs=worker_logs, working_dir=working_dir)
-            marks["spec_checked"] = time.time()
+        checks = checks()
         check_folders(plan.spec, output_dir, checks, verbose)
         run = Launch(
             output_dir=output_dir,

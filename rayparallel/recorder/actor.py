@@ -19,6 +19,7 @@ goes on with the same MLflow run, logging again what that run lacks.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +81,7 @@ class RunRecorder:
         self._mlflow = MlflowRecord(spec, tracking, self._warn) if tracking else None
         if acknowledged:
             self._carry_on(acknowledged)
+        self._startup.setdefault("recorder_ready", time.time())  # up beside the worker group, not before it
         self._record_journal()  # at once: a restart must never read an earlier run's journal
 
     # -- from the workers -------------------------------------------------------------

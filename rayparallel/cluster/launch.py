@@ -65,6 +65,7 @@ class Launch:
     source: DataSource | None = None  # what the workers read (preflight's); None: the loader, called by them
     datasets: dict = field(default_factory=dict)  # Ray Data: the lazy datasets, by split, for Ray Train
     inputs: list[dict] = field(default_factory=list)  # the datasets as MLflow records them
+    settings: dict = field(default_factory=dict)  # train: keys left out, as used, for MLflow's params
 
     @property
     def spec(self) -> JobSpec:
@@ -314,6 +315,7 @@ def _tracking_config(run: Launch) -> dict | None:
         "unlogged_path": run.output_dir / "mlflow_unlogged.json",
         "resume_run_id": state.mlflow_run_id,
         "inputs": run.inputs,
+        "settings": run.settings,
     }
 
 

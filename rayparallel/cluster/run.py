@@ -164,6 +164,7 @@ def run_job(
             source=in_object_store(checks.source),
             datasets=checks.datasets,
             inputs=checks.inputs,
+            settings=checks.settings,
         )
         del checks  # the driver keeps no copy of a loader's arrays: they are in the object store
         return launch(run)

@@ -22,8 +22,10 @@ if TYPE_CHECKING:
 class MlflowRecord:
     def __init__(self, spec: JobSpec, tracking: dict, warn: Callable[[str], None]):
         self._settings = spec.mlflow
+        tracking = dict(tracking)
+        used = tracking.pop("settings", {})  # what train: left out, as the run used it
         self._run = MlflowRun(notify=warn, **tracking)
-        self._run.log_params(run_params(spec))
+        self._run.log_params({**run_params(spec), **used})
         self._announced = False
         self._unsaved: list[str] = []
 

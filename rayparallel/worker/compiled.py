@@ -46,6 +46,27 @@ def resolve(train: TrainSpec, model: keras.Model, check: bool = True) -> TrainSp
     return dataclasses.replace(train, **settings)
 
 
+def described(given: TrainSpec, used: TrainSpec) -> dict[str, str]:
+    """The settings `train:` left out, as they were used (the compile's or the defaults), for MLflow's params."""
+    return {
+        f"train.{key}": _shown_in_full(getattr(used, key))
+        for key in COMPILED
+        if getattr(given, key) in (None, []) and getattr(used, key) not in (None, [])
+    }
+
+
+def _shown_in_full(value: Any) -> str:
+    if isinstance(value, dict) and "class_name" not in value:
+        return str({k: _shown_in_full(v) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return str([_shown_in_full(v) for v in value])
+    if not hasattr(value, "get_config"):
+        return getattr(value, "__name__", str(value))
+    config = {k: v for k, v in value.get_config().items() if k != "name"}
+    config.update(getattr(value, "_fn_kwargs", {}))
+    return f"{type(value).__name__}({', '.join(f'{k}={v!r}' for k, v in config.items())})"
+
+
 def _compiled_settings(model: keras.Model) -> dict:
     if not getattr(model, "compiled", False):
         return {}

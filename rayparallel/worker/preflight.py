@@ -37,6 +37,7 @@ class Preflight:
     inputs: list[dict] = field(default_factory=list)  # the datasets as MLflow records them (log_input)
     checkpoint_files: int = 0  # weight files the checkpoint folder holds at most by the end
     checkpoint_file_bytes: int = 0  # about what one of them takes
+    settings: dict = field(default_factory=dict)  # train: keys left out, as used (compile's or defaults), for MLflow
 
 
 def check_accumulation(spec: JobSpec, steps_per_epoch: int) -> None:
@@ -105,7 +106,16 @@ def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
     if spec.checkpoint.enabled:
         check_against_metrics(spec.checkpoint, epoch_keys=keys, step_keys=["loss"])
         files = files_kept(spec.checkpoint, spec.train.epochs, data.steps)
-    return Preflight(data.baselines, keys, data.source, data.datasets, data.inputs, files, weight_file_bytes(model))
+    return Preflight(
+        data.baselines,
+        keys,
+        data.source,
+        data.datasets,
+        data.inputs,
+        files,
+        weight_file_bytes(model),
+        compiled.described(spec.train, train),
+    )
 
 
 def _open_data(spec: JobSpec) -> _Opened:

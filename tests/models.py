@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 
@@ -374,3 +376,55 @@ def batch_norm_cnn(batch_size: int = 8, classes: int = 3):
         h = layer(h)
     h = keras.layers.GlobalAveragePooling2D()(keras.layers.ReLU()(h))
     return keras.Model(inputs, keras.layers.Dense(classes, activation="softmax")(h))
+
+
+def tf_data_blobs(global_batch_size: int, repeat: bool = False, batch_size: int | None = None, y: bool = False):
+    """`blobs` as keras-io feeds `fit`: `from_tensor_slices(...).batch(B)`, validation data too;
+    `repeat`: an infinite training dataset (needs train.steps_per_epoch). `batch_size` and `y`: bad input."""
+    import tensorflow as tf
+
+    data = blobs()
+    batch = batch_size or global_batch_size
+    train = tf.data.Dataset.from_tensor_slices((data["x_train"], data["y_train"])).batch(batch)
+    val = tf.data.Dataset.from_tensor_slices((data["x_val"], data["y_val"])).batch(batch)
+    return {"x_train": train.repeat() if repeat else train, "x_val": val, **({"y_train": data["y_train"]} if y else {})}
+
+
+class CountedImages:
+    """A `keras.utils.PyDataset` that loads batch i from PNG files, as the keras-io segmentation
+    example's `OxfordPets(keras.utils.Sequence)` does; each load is appended to `calls.log`."""
+
+    def __new__(cls, folder: str, batch_size: int):
+        import keras
+
+        class Images(keras.utils.PyDataset):
+            def __init__(self):
+                super().__init__()
+                self.paths = sorted(Path(folder).glob("image-*.png"))
+
+            def __len__(self):
+                return len(self.paths) // batch_size
+
+            def __getitem__(self, index):
+                with open(Path(folder) / "calls.log", "a") as log:
+                    log.write(f"{index}\n")
+                paths = self.paths[index * batch_size : (index + 1) * batch_size]
+                x = np.stack([keras.utils.img_to_array(keras.utils.load_img(p, color_mode="grayscale")) for p in paths])
+                y = np.array([int(p.stem.rsplit("-", 1)[1]) for p in paths])
+                return x / 255.0, y
+
+        return Images()
+
+
+def write_images(folder, rows: int = 64, classes: int = 3) -> None:
+    """Images of `blobs`' kind as PNG files, their label in the name."""
+    import keras
+
+    data = blobs(rows, 0, classes)
+    for i, (image, label) in enumerate(zip(data["x_train"], data["y_train"], strict=True)):
+        pixels = np.clip((image - image.min()) / (np.ptp(image) + 1e-6) * 255, 0, 255)
+        keras.utils.save_img(Path(folder) / f"image-{i:03d}-{label}.png", pixels, scale=False)
+
+
+def png_images(folder: str, global_batch_size: int):
+    return {"x_train": CountedImages(folder, global_batch_size)}

@@ -73,6 +73,29 @@ CNN = {
         ),
         (
             CNN,
+            ["data.loader=tests.models:tf_data_blobs", "data.kwargs.batch_size=4"],
+            "data.loader: expected x_train batched with the global batch size 8 (train.global_batch_size), received "
+            "batches of 4 rows",
+        ),
+        (
+            CNN,
+            ["data.loader=tests.models:tf_data_blobs", "data.kwargs.repeat=true"],
+            "train.steps_per_epoch: expected a number of steps for x_train, a tf.data.Dataset of unknown or infinite "
+            "length (as fit needs), received none",
+        ),
+        (
+            CNN,
+            ["data.loader=tests.models:tf_data_blobs", "data.kwargs.y=true"],
+            "data.loader: expected no y_train beside a dataset x_train (its elements are (x, y[, sample_weight]), as "
+            "fit takes them), received y_train",
+        ),
+        (
+            CNN,
+            ["train.steps_per_epoch=3"],
+            "train.steps_per_epoch: expected only with a loader that returns datasets",
+        ),
+        (
+            CNN,
             ["model.builder=tests.nowhere:build"],
             "model.builder: expected an importable 'module:function', received 'tests.nowhere:build'",
         ),
@@ -198,7 +221,8 @@ CNN = {
         (
             LSTM,
             ["data.loader=tests.models:small_cnn"],
-            "data.loader: expected a dict with x_train, y_train[, x_val, y_val], received <Functional",
+            "data.loader: expected a dict with x_train, y_train[, x_val, y_val] (or x_train[, x_val] as datasets), "
+            "received <Functional",
         ),
     ],
 )
@@ -248,3 +272,17 @@ def test_output_dir_naming_an_existing_file_is_one_line_and_keeps_the_file(tmp_p
         rayparallel.train(CNN, output_dir=blocker, verbose=False)
     assert str(info.value) == f"--output-dir: expected a folder, received '{blocker}' (an existing file)"
     assert blocker.read_text() == "keep me"
+
+
+def test_a_pydataset_that_is_empty_or_fails_is_one_line(tmp_path):
+    from tests.models import write_images
+
+    spec = dict(CNN, data={"loader": "tests.models:png_images", "kwargs": {"folder": str(tmp_path)}})
+    with pytest.raises(RayParallelError, match=r"^data.loader: expected x_train with at least one batch, received an "):
+        rayparallel.validate(spec)
+    write_images(tmp_path, rows=16)
+    (tmp_path / "image-000-1.png").write_bytes(b"not a png")
+    with pytest.raises(RayParallelError) as info:
+        rayparallel.validate(spec)
+    assert str(info.value).startswith("data.loader: expected x_train to give batch 0, received "), info.value
+    assert "\n" not in str(info.value)

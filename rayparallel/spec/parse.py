@@ -26,6 +26,8 @@ _POSITIVE = {
     "train.epochs",
     "train.initial_loss_scale",
     "train.gradient_accumulation_steps",
+    "train.steps_per_epoch",
+    "train.validation_steps",
     "scaling.elastic_resize_monitor_interval_s",
     "run.collective_timeout_s",
     "run.checkpoints_to_keep",

@@ -114,6 +114,10 @@ class TrainSpec:
     # BatchNormalization's batch statistics: of the whole global batch (as one device), or of each
     # worker's rows with the moving statistics averaged over workers before every save (cheaper)
     batch_norm: Literal["global", "local"] = "global"
+    # a loader's dataset (tf.data, PyDataset): global batches per epoch (then read on across epochs,
+    # as fit does; an infinite one needs it) and per validation; None: the whole dataset
+    steps_per_epoch: int | None = None
+    validation_steps: int | None = None
 
     @property
     def loss_scale(self) -> float | None:

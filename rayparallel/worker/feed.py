@@ -7,7 +7,9 @@ The loop sees one interface, `Feed`; three sources stand behind it:
   global batch (`shards.worker_rows`), so any worker count trains the model one process would;
 - a rank-aware loader's rows (`ArrayFeed` over this worker's own rows): the loader was told
   the worker's `Shard` and returned only its rows;
-- Ray Data (`DatasetFeed`): this worker's dataset shard, streamed (`datasets.shard_batches`).
+- Ray Data (`DatasetFeed`): this worker's dataset shard, streamed (`datasets.shard_batches`);
+- a loader's `tf.data.Dataset` or `keras.utils.PyDataset` (`KerasInputFeed`): every worker
+  calls the loader and takes its slice of each global batch (`keras_inputs`).
 
 `wait_s` adds up the time the loop waited for its next batch (the input pipeline's cost).
 """
@@ -24,7 +26,7 @@ import numpy as np
 from ..errors import DataError
 from ..spec import JobSpec, Shard
 from ..spec.schema import rank_rows
-from . import datasets, shards
+from . import datasets, keras_inputs, shards
 
 if TYPE_CHECKING:
     import ray
@@ -39,6 +41,7 @@ class DataSource:
     arrays: shards.Data | ray.ObjectRef | None = None  # a plain loader's arrays (launch puts them in the store)
     rank_aware: bool = False  # every worker calls the loader for its own rows
     datasets: datasets.DatasetInput | None = None  # Ray Data: the counts and columns; the plans go to Ray Train
+    keras_input: bool = False  # the loader returns datasets: every worker calls it
 
 
 def open_feed(
@@ -48,6 +51,17 @@ def open_feed(
     batch = spec.train.global_batch_size
     if source.datasets is not None:
         return DatasetFeed(source.datasets, batch, rank, world)
+    if source.keras_input:
+        shard = Shard.of(rank, world, batch) if source.rank_aware else None
+        out = shards.call_loader(spec.data, batch, shard)
+        train = spec.train
+        opened = keras_inputs.open_input(
+            out, shard.batch_size if shard else batch, train.steps_per_epoch, train.validation_steps
+        )
+        if shard is not None:  # its own pipeline: every row of its batches is this worker's
+            rank, world, batch = 0, 1, shard.batch_size
+        seed = [train.seed] if spec.data.layout == "shuffle" else None  # streams: the order kept
+        return KerasInputFeed(opened, train.class_weight, batch, rank, world, seed)
     if source.rank_aware:
         shard = Shard.of(rank, world, batch)
         return own_rows_feed(shards.load_data(spec.data, batch, spec.train.class_weight, shard), spec, shard, agree)
@@ -158,3 +172,54 @@ class DatasetFeed(Feed):
 
     def _val(self) -> Iterator[Batch]:
         return datasets.shard_batches(self.val_shard, self.opened, self.val_steps, self.per_worker, self.streams, None)
+
+
+class KerasInputFeed(Feed):
+    """A loader's datasets: this worker's slice of each of their global batches, in their order."""
+
+    def __init__(
+        self,
+        opened: keras_inputs.KerasInput,
+        class_weight: dict | None,
+        batch: int,
+        rank: int,
+        world: int,
+        seed: list[int] | None = None,
+    ):
+        super().__init__()
+        self.opened, self.class_weight, self.batch, self.seed = opened, class_weight, batch, seed
+        self.rows = slice(*rank_rows(batch, world, rank))
+        self.steps = opened.train.steps
+        self.val_steps = opened.val.steps if opened.val else 0
+        x, y, _ = opened.train.first
+        self.sample_x, self.sample_y, self.baselines = x, y, {}
+        self._train_batches: Iterator | None = None  # read on across epochs (train.steps_per_epoch)
+
+    def _train(self, epoch: int) -> Iterator[Batch]:
+        split = self.opened.train
+        if self._train_batches is None or not split.read_on:
+            self._train_batches = keras_inputs.global_batches(split, "train", self._seed(epoch))
+            if split.read_on:  # a restarted run goes on where the epochs before it stopped
+                for _ in keras_inputs.epoch_batches(self._train_batches, (epoch - 1) * self.steps, self.batch):
+                    pass
+        for batch in keras_inputs.epoch_batches(self._train_batches, self.steps, self.batch):
+            yield self._mine(batch, self.class_weight)
+
+    def _seed(self, epoch: int) -> list[int] | None:
+        """Read on across epochs: one seed for all passes; else each epoch's own."""
+        if self.seed is None:
+            return None
+        return self.seed if self.opened.train.read_on else [*self.seed, epoch]
+
+    def _val(self) -> Iterator[Batch]:
+        batches = keras_inputs.global_batches(self.opened.val, "val")
+        for batch in keras_inputs.epoch_batches(batches, self.val_steps, self.batch):
+            yield self._mine(batch, None)
+
+    def _mine(self, batch: tuple, class_weight: dict | None) -> Batch:
+        x, y, w = (shards.take(part, self.rows) if part is not None else None for part in batch)
+        if class_weight is not None:
+            w = shards.class_weights(y, class_weight)
+        if w is None:
+            w = np.ones(self.rows.stop - self.rows.start, "float32")
+        return x, y, np.asarray(w, "float32")

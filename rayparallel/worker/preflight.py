@@ -20,7 +20,7 @@ from ..errors import DataError, SpecError
 from ..model import build_model
 from ..quiet import import_tensorflow
 from ..spec import JobSpec, Shard
-from . import compiled, datasets, outputs, own_step, replica, shards
+from . import compiled, datasets, keras_inputs, outputs, own_step, replica, shards
 from .callbacks import callback_classes
 from .feed import DataSource
 
@@ -85,7 +85,7 @@ def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
     if own:
         own_step.check_job(spec, own, weighted=data.weighted)
     if data.sample_x is not None:
-        check_inputs(model, data.sample_x)
+        check_inputs(model, data.sample_x, "data.x" if spec.data.dataset is not None else "data.loader x_train")
     optimizer = replica.make_optimizer(train.optimizer)
     names = outputs.output_names(model)
     y_train = outputs.targets_by_output(data.targets, names, "train")
@@ -129,12 +129,21 @@ def _open_data(spec: JobSpec) -> _Opened:
         source = DataSource(datasets=opened.input)
         x = datasets.features(sample, spec.data.x)
         return _Opened(source, y, y_val, steps, {}, opened.descriptions, opened.datasets, x, x, x)
-    if shards.rank_aware(spec.data):  # each worker loads its own rows: check rank 0's share
-        shard = Shard.of(0, spec.scaling.max_workers, batch)
-        data = shards.load_data(spec.data, batch, spec.train.class_weight, shard)
+    rank_aware = shards.rank_aware(spec.data)
+    shard = Shard.of(0, spec.scaling.max_workers, batch) if rank_aware else None  # check rank 0's share
+    out = shards.call_loader(spec.data, batch, shard)
+    if keras_inputs.is_dataset(out.get("x_train") if isinstance(out, dict) else None):
+        return _opened_keras_input(spec, out, shard.batch_size if shard else batch, rank_aware)
+    for key in ("steps_per_epoch", "validation_steps"):
+        if getattr(spec.train, key) is not None:
+            raise SpecError(
+                f"train.{key}: expected only with a loader that returns datasets (epochs over arrays take every "
+                f"full batch), received {getattr(spec.train, key)}"
+            )
+    data = shards.checked_arrays(out, spec.data, shard.batch_size if shard else batch, spec.train.class_weight)
+    if rank_aware:
         source, steps = DataSource(rank_aware=True), shards.steps_per_epoch(data.train.rows, shard.batch_size)
     else:
-        data = shards.load_data(spec.data, batch, spec.train.class_weight)
         source, steps = DataSource(arrays=data), shards.steps_per_epoch(data.train.rows, batch)
     y_val, x_val = (data.val.y, data.val.x) if data.val is not None else (None, None)
     weighted = data.train.w is not None and spec.train.class_weight is None
@@ -144,17 +153,35 @@ def _open_data(spec: JobSpec) -> _Opened:
     )
 
 
-def check_inputs(model: keras.Model, x: Any) -> None:
-    """Ray Data columns against the model's inputs: shapes (past the batch) and numbers, not text."""
-    arrays = list(x) if isinstance(x, tuple) else [x]
+def _opened_keras_input(spec: JobSpec, out: dict, batch: int, rank_aware: bool) -> _Opened:
+    """A loader's datasets, checked on their first batches; every worker calls the loader itself."""
+    train = spec.train
+    opened = keras_inputs.open_input(out, batch, train.steps_per_epoch, train.validation_steps)
+    x, y, w = opened.train.first
+    if train.class_weight is not None and isinstance(y, (dict, tuple, list)):
+        raise DataError("train.class_weight: expected a model with one output (as fit), received several outputs")
+    val = opened.val.first if opened.val else (None, None, None)
+    source = DataSource(keras_input=True, rank_aware=rank_aware)
+    first = shards.Data(train=shards.Split(x=x, y=y), val=None, baselines={})
+    described = dict(shards.describe_arrays(spec.data, first), rows=opened.train.steps * batch)
+    weighted = w is not None and train.class_weight is None
+    return _Opened(source, y, val[1], opened.train.steps, {}, [described], {}, x, x, val[0], weighted)
+
+
+def check_inputs(model: keras.Model, x: Any, key: str = "data.x") -> None:
+    """Ray Data columns (or a dataset's first batch) against the model's inputs: shapes (past the batch)
+    and numbers, not text. Inputs keyed by name are the model's to match."""
+    if isinstance(x, dict):
+        return
+    arrays = list(x) if isinstance(x, (tuple, list)) else [x]
     if len(arrays) != len(model.inputs):
-        raise DataError(f"data.x: expected {len(model.inputs)} column(s), one per model input, received {len(arrays)}")
+        raise DataError(f"{key}: expected {len(model.inputs)} array(s), one per model input, received {len(arrays)}")
     for tensor, array in zip(model.inputs, arrays, strict=True):
         wanted = tuple(tensor.shape[1:])
         got = tuple(np.shape(array)[1:])
         fits = len(wanted) == len(got) and all(w is None or w == g for w, g in zip(wanted, got, strict=True))
         if not fits or not np.issubdtype(np.asarray(array).dtype, np.number):
             raise DataError(
-                f"data.x: expected rows of shape {wanted} and a numeric dtype for the model input {tensor.name!r}, "
+                f"{key}: expected rows of shape {wanted} and a numeric dtype for the model input {tensor.name!r}, "
                 f"received rows of shape {got} and dtype {np.asarray(array).dtype}"
             )

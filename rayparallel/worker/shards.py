@@ -53,17 +53,31 @@ def load_data(
     spec: DataSpec, global_batch_size: int, class_weight: dict | None = None, shard: Shard | None = None
 ) -> Data:
     """Call the loader (for one worker's `shard`, if given) and check that its arrays can feed full batches."""
+    out = call_loader(spec, global_batch_size, shard)
+    if shard is not None:
+        global_batch_size = shard.batch_size  # its rows feed this worker's batches only
+    return checked_arrays(out, spec, global_batch_size, class_weight)
+
+
+def call_loader(spec: DataSpec, global_batch_size: int, shard: Shard | None = None) -> Any:
+    """The loader's output, as it returned it (for one worker's `shard`, if given)."""
     loader = resolve(spec.loader, "data.loader")
     kwargs = dict(spec.kwargs)
     if "global_batch_size" in inspect.signature(loader).parameters:
         kwargs.setdefault("global_batch_size", global_batch_size)
     if shard is not None:
         kwargs["shard"] = shard
-        global_batch_size = shard.batch_size  # its rows feed this worker's batches only
-    out = loader(**kwargs)
+    return loader(**kwargs)
+
+
+def checked_arrays(out: Any, spec: DataSpec, global_batch_size: int, class_weight: dict | None) -> Data:
+    """A loader's arrays, checked to feed full batches, with one weight per row where weights are given."""
     if not isinstance(out, dict) or "x_train" not in out or "y_train" not in out:
         got = sorted(out) if isinstance(out, dict) else describe(out)
-        raise DataError(f"data.loader: expected a dict with x_train, y_train[, x_val, y_val], received {got}")
+        raise DataError(
+            "data.loader: expected a dict with x_train, y_train[, x_val, y_val] (or x_train[, x_val] as datasets), "
+            f"received {got}"
+        )
     if ("x_val" in out) != ("y_val" in out):
         raise DataError("data.loader: expected both x_val and y_val or neither, received only one of them")
     train = _split(out["x_train"], out["y_train"], "train", global_batch_size, spec.check_finite)

@@ -1,0 +1,172 @@
+"""A loader's `tf.data.Dataset` or `keras.utils.PyDataset`, fed as `fit(x=dataset)` feeds it.
+
+The dataset's batches are the global batches (a user who calls `fit(ds)` batched it with
+the global batch). Every worker reads them in the dataset's own order and trains on its
+contiguous slice of each (`rank_rows`), so any worker count trains `fit`'s model, stateful
+streams included. A final short batch is dropped on every worker alike. Each worker runs
+the whole pipeline, as tf.distribute's DATA auto-shard does; a loader with a `shard`
+argument may build each worker's own pipeline at the per-worker batch instead (the fast
+path: then every row of its batches is the worker's).
+
+As in `fit`, with `train.steps_per_epoch` the dataset is read on across epochs (an infinite
+`repeat()` needs it); without it, each epoch reads the dataset from its start.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import DataError, SpecError, describe, first_line
+
+
+@dataclass
+class Split:
+    """One split's dataset and how many global batches an epoch (or a validation) takes of it."""
+
+    dataset: Any
+    steps: int
+    first: tuple  # (x, y, w or None) of its first batch, as NumPy
+    read_on: bool  # train.steps_per_epoch given: the next epoch goes on where this one stopped
+
+
+@dataclass
+class KerasInput:
+    train: Split
+    val: Split | None
+
+
+def is_dataset(value: Any) -> bool:
+    """A `tf.data.Dataset` or a `keras.utils.PyDataset` (`Sequence`), without importing either."""
+    tf, keras = sys.modules.get("tensorflow"), sys.modules.get("keras")
+    return bool(
+        (tf is not None and isinstance(value, tf.data.Dataset))
+        or (keras is not None and isinstance(value, keras.utils.PyDataset))
+    )
+
+
+def open_input(out: dict, batch_size: int, steps_per_epoch: int | None, validation_steps: int | None) -> KerasInput:
+    """The loader's datasets, checked on their first (and last) batch, never read whole."""
+    for name in ("y_train", "y_val", "sample_weight_train", "sample_weight_val"):
+        if out.get(name) is not None:
+            raise DataError(
+                f"data.loader: expected no {name} beside a dataset x_{name.rpartition('_')[2]} (its elements are "
+                f"(x, y[, sample_weight]), as fit takes them), received {name}"
+            )
+    train = _split(out["x_train"], "train", batch_size, steps_per_epoch, "steps_per_epoch")
+    val = None
+    if out.get("x_val") is not None:
+        if not is_dataset(out["x_val"]):
+            raise DataError(f"data.loader: expected x_val as a dataset like x_train, received {describe(out['x_val'])}")
+        val = _split(out["x_val"], "val", batch_size, validation_steps, "validation_steps")
+    elif validation_steps is not None:
+        raise SpecError(f"train.validation_steps: expected validation data (x_val), received {validation_steps}")
+    return KerasInput(train, val)
+
+
+def _split(dataset: Any, name: str, batch_size: int, given: int | None, key: str) -> Split:
+    length = _length(dataset)
+    if length == 0:
+        raise DataError(f"data.loader: expected x_{name} with at least one batch, received an empty {_kind(dataset)}")
+    first = _element(dataset, 0, name)
+    rows = _rows(first)
+    if rows != batch_size:
+        raise DataError(
+            f"data.loader: expected x_{name} batched with the global batch size {batch_size} (train."
+            f"global_batch_size), received batches of {rows} rows"
+        )
+    if given is not None:
+        if length is not None and given > length:
+            raise SpecError(f"train.{key}: expected at most the {length} batches of x_{name}, received {given}")
+        return Split(dataset, given, first, read_on=True)
+    if length is None:
+        raise SpecError(
+            f"train.{key}: expected a number of steps for x_{name}, a {_kind(dataset)} of unknown or infinite "
+            "length (as fit needs), received none"
+        )
+    steps = length - (length > 1 and _rows(_element(dataset, length - 1, name)) < batch_size)  # a short last one
+    return Split(dataset, steps, first, read_on=False)
+
+
+def _kind(dataset: Any) -> str:
+    return "tf.data.Dataset" if _is_tf_data(dataset) else type(dataset).__name__
+
+
+def _is_tf_data(dataset: Any) -> bool:
+    tf = sys.modules.get("tensorflow")
+    return tf is not None and isinstance(dataset, tf.data.Dataset)
+
+
+def _length(dataset: Any) -> int | None:
+    """Batches in the dataset; None: unknown or infinite."""
+    if _is_tf_data(dataset):
+        cardinality = int(dataset.cardinality())
+        return cardinality if cardinality >= 0 else None
+    return len(dataset) if getattr(dataset, "num_batches", 1) is not None else None
+
+
+def _element(dataset: Any, index: int, name: str) -> tuple:
+    """Batch `index`, as (x, y, w or None) of NumPy arrays."""
+    try:
+        if _is_tf_data(dataset):
+            element = next(iter(dataset.skip(index).take(1).as_numpy_iterator()))
+        else:
+            element = dataset[index]
+    except Exception as exc:  # the user's pipeline or __getitem__: named with its first line
+        raise DataError(
+            f"data.loader: expected x_{name} to give batch {index}, received {type(exc).__name__}: {first_line(exc)}"
+        ) from None
+    return unpacked(element, name)
+
+
+def unpacked(element: Any, name: str) -> tuple:
+    if not isinstance(element, (tuple, list)) or len(element) not in (2, 3):
+        raise DataError(
+            f"data.loader: expected x_{name} elements (x, y) or (x, y, sample_weight), as fit takes them, "
+            f"received {describe(element)}"
+        )
+    import keras
+
+    x, y, *w = (keras.tree.map_structure(np.asarray, part) for part in element)
+    return x, y, (w[0] if w else None)
+
+
+def _rows(batch: tuple) -> int:
+    import keras
+
+    return int(np.shape(keras.tree.flatten(batch[1])[0])[0])
+
+
+def global_batches(split: Split, name: str, seed: list[int] | None = None) -> Iterator[tuple]:
+    """The dataset's batches from its start, forever when it is read on across epochs (`read_on`).
+
+    With a `seed` a PyDataset's batches come in an order drawn from it and the pass, the same on
+    every worker, as `fit(shuffle=True)` shuffles a PyDataset's batches (a tf.data pipeline
+    shuffles itself, if it does: `fit` leaves its order alone).
+    """
+    dataset = split.dataset
+    for passes in itertools.count():
+        if _is_tf_data(dataset):
+            elements = dataset.as_numpy_iterator()
+        else:
+            order = np.arange(len(dataset))
+            if seed is not None:
+                order = np.random.default_rng([*seed, passes]).permutation(order)
+            elements = (dataset[int(i)] for i in order)
+        for element in elements:
+            yield unpacked(element, name)
+        if hasattr(dataset, "on_epoch_end"):
+            dataset.on_epoch_end()
+        if not split.read_on:
+            return
+
+
+def epoch_batches(batches: Iterator[tuple], steps: int, batch_size: int) -> Iterator[tuple]:
+    """The next `steps` full batches of `batches`: a short one is passed over (every worker sees it alike)."""
+    full = (batch for batch in batches if _rows(batch) == batch_size)
+    return itertools.islice(full, steps)

@@ -1,0 +1,73 @@
+"""A loader's `tf.data.Dataset` or `keras.utils.PyDataset` against the oracle: plain Keras `fit`
+on the same dataset in this process (same seed and settings), on 1 and 2 workers."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+import rayparallel
+
+from .helpers import final_weights, job, max_relative_error
+
+pytestmark = pytest.mark.slow
+
+COMPILE = {"loss": "sparse_categorical_crossentropy", "metrics": ["accuracy"]}
+SGD = {"class_name": "SGD", "config": {"learning_rate": 0.1}}
+
+
+def fit_oracle(dataset, validation=None, epochs=2, **fit_args):
+    import keras
+
+    from tests.models import small_cnn
+
+    keras.utils.set_random_seed(4)  # as `job`'s seed
+    model = small_cnn(batch_size=8)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), **COMPILE)
+    history = model.fit(dataset, validation_data=validation, epochs=epochs, verbose=0, **fit_args).history
+    return model.get_weights(), history
+
+
+def check_against(result, weights, history):
+    from tests.models import small_cnn
+
+    error = max_relative_error(final_weights(result.final_weights, small_cnn), weights)
+    assert error < 1e-5, error
+    for key, values in history.items():
+        assert [epoch[key] for epoch in result.history] == pytest.approx(values, rel=1e-4, abs=1e-6), key
+    return error
+
+
+def test_tf_data_with_validation_and_an_infinite_one_train_fits_model(ray_address, tmp_path):
+    from tests.models import tf_data_blobs
+
+    data = tf_data_blobs(8)
+    weights, history = fit_oracle(data["x_train"], data["x_val"])
+    spec = job("tf-data", "small_cnn", "tf_data_blobs", {}, optimizer=SGD, epochs=2, **COMPILE)
+    for workers in (1, 2):
+        out = tmp_path / f"finite-{workers}"
+        result = rayparallel.train(spec, overrides=[f"scaling.num_workers={workers}"], output_dir=out, verbose=False)
+        print(f"tf.data, {workers} workers vs Keras fit: {check_against(result, weights, history):.2e}")
+    # repeat(): read on across epochs, as fit does with steps_per_epoch
+    weights, history = fit_oracle(tf_data_blobs(8, repeat=True)["x_train"], epochs=3, steps_per_epoch=5)
+    spec = job("tf-repeat", "small_cnn", "tf_data_blobs", {"repeat": True}, optimizer=SGD, epochs=3, **COMPILE)
+    sets = ["scaling.num_workers=2", "train.steps_per_epoch=5", "checkpoint.monitor=loss"]
+    result = rayparallel.train(spec, overrides=sets, output_dir=tmp_path / "repeat", verbose=False)
+    print(f"tf.data repeat(), 2 workers vs Keras fit: {check_against(result, weights, history):.2e}")
+
+
+def test_a_pydataset_of_png_files_trains_fits_model_on_2_workers(ray_address, tmp_path):
+    from tests.models import CountedImages, write_images
+
+    write_images(tmp_path)
+    weights, history = fit_oracle(CountedImages(str(tmp_path), 8), shuffle=False)  # as layout: streams
+    (tmp_path / "calls.log").unlink()
+    spec = job("pydataset", "small_cnn", "png_images", {"folder": str(tmp_path)}, optimizer=SGD, epochs=2, **COMPILE)
+    spec["checkpoint"] = {"monitor": "loss"}
+    result = rayparallel.train(spec, overrides=["scaling.num_workers=2"], output_dir=tmp_path / "out", verbose=False)
+    print(f"PyDataset, 2 workers vs Keras fit: {check_against(result, weights, history):.2e}")
+    calls = collections.Counter(int(line) for line in (tmp_path / "calls.log").read_text().split())
+    batches = 64 // 8
+    print(f"PyDataset __getitem__ calls per global batch per epoch: {sum(calls.values()) / (2 * batches):.2f}")
+    assert set(calls) == set(range(batches))  # every batch read, by every worker, each epoch

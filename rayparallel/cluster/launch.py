@@ -35,8 +35,10 @@ from ..secrets import mask, mask_text
 from ..spec import JobSpec
 from ..startup import describe, relative
 from ..tracking.mlflow_run import chosen_tracking_uri
+from ..worker.batch_server import start_batch_server
 from ..worker.datasets import rank_shards
 from ..worker.feed import DataSource
+from ..worker.keras_inputs import KerasInput
 from ..worker.loop import train_loop_per_worker
 from . import connect as cluster
 from .backend import TensorflowBackendConfig, trainer_class
@@ -81,7 +83,13 @@ class Launch:
 
 def in_object_store(source: DataSource) -> DataSource:
     """The loader's arrays put once into the object store, where every worker of a node reads them
-    without a copy; the driver keeps only the reference (a restarted worker group reads the same object)."""
+    without a copy; the driver keeps only the reference (a restarted worker group reads the same object).
+    A loader's PyDatasets go to a batch server instead, which loads each batch once for all workers."""
+    if source.served is not None and source.batch_server is None:
+        splits = {"train": source.served.train, "val": source.served.val}
+        server = start_batch_server({name: split.dataset for name, split in splits.items() if split is not None})
+        bare = {name: replace(split, dataset=None) if split else None for name, split in splits.items()}
+        return replace(source, served=KerasInput(**bare), batch_server=server)
     if source.arrays is None or isinstance(source.arrays, ray.ObjectRef):
         return source
     return replace(source, arrays=ray.put(source.arrays))

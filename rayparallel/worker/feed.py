@@ -30,6 +30,7 @@ from . import datasets, keras_inputs, shards
 
 if TYPE_CHECKING:
     import ray
+    from ray.actor import ActorHandle
 
 Batch = tuple[Any, Any, np.ndarray]  # x, y, one weight per row
 
@@ -41,7 +42,9 @@ class DataSource:
     arrays: shards.Data | ray.ObjectRef | None = None  # a plain loader's arrays (launch puts them in the store)
     rank_aware: bool = False  # every worker calls the loader for its own rows
     datasets: datasets.DatasetInput | None = None  # Ray Data: the counts and columns; the plans go to Ray Train
-    keras_input: bool = False  # the loader returns datasets: every worker calls it
+    keras_input: bool = False  # the loader returns datasets: every worker calls it, but for served ones
+    served: keras_inputs.KerasInput | None = None  # PyDatasets: their batches come from `batch_server`
+    batch_server: ActorHandle | None = None  # started by the driver (`launch.in_object_store`)
 
 
 def open_feed(
@@ -51,16 +54,18 @@ def open_feed(
     batch = spec.train.global_batch_size
     if source.datasets is not None:
         return DatasetFeed(source.datasets, batch, rank, world)
+    train = spec.train
+    seed = [train.seed] if spec.data.layout == "shuffle" else None  # PyDatasets; streams: the order kept
+    if source.batch_server is not None:
+        return KerasInputFeed(source.served, train.class_weight, batch, rank, world, seed, source.batch_server)
     if source.keras_input:
         shard = Shard.of(rank, world, batch) if source.rank_aware else None
         out = shards.call_loader(spec.data, batch, shard)
-        train = spec.train
         opened = keras_inputs.open_input(
             out, shard.batch_size if shard else batch, train.steps_per_epoch, train.validation_steps
         )
         if shard is not None:  # its own pipeline: every row of its batches is this worker's
             rank, world, batch = 0, 1, shard.batch_size
-        seed = [train.seed] if spec.data.layout == "shuffle" else None  # streams: the order kept
         return KerasInputFeed(opened, train.class_weight, batch, rank, world, seed)
     if source.rank_aware:
         shard = Shard.of(rank, world, batch)
@@ -185,9 +190,12 @@ class KerasInputFeed(Feed):
         rank: int,
         world: int,
         seed: list[int] | None = None,
+        server: ActorHandle | None = None,
     ):
         super().__init__()
         self.opened, self.class_weight, self.batch, self.seed = opened, class_weight, batch, seed
+        self.server, self.world = server, world
+        self._val_passes = 0
         self.rows = slice(*rank_rows(batch, world, rank))
         self.steps = opened.train.steps
         self.val_steps = opened.val.steps if opened.val else 0
@@ -198,7 +206,10 @@ class KerasInputFeed(Feed):
     def _train(self, epoch: int) -> Iterator[Batch]:
         split = self.opened.train
         if self._train_batches is None or not split.read_on:
-            self._train_batches = keras_inputs.global_batches(split, "train", self._seed(epoch))
+            first_pass = 0 if split.read_on else epoch - 1
+            self._train_batches = keras_inputs.global_batches(
+                split, "train", first_pass, self._seed(epoch), self.server, self.world
+            )
             if split.read_on:  # a restarted run goes on where the epochs before it stopped
                 for _ in keras_inputs.epoch_batches(self._train_batches, (epoch - 1) * self.steps, self.batch):
                     pass
@@ -212,7 +223,8 @@ class KerasInputFeed(Feed):
         return self.seed if self.opened.train.read_on else [*self.seed, epoch]
 
     def _val(self) -> Iterator[Batch]:
-        batches = keras_inputs.global_batches(self.opened.val, "val")
+        self._val_passes += 1
+        batches = keras_inputs.global_batches(self.opened.val, "val", self._val_passes, None, self.server, self.world)
         for batch in keras_inputs.epoch_batches(batches, self.val_steps, self.batch):
             yield self._mine(batch, None)
 

@@ -29,8 +29,9 @@ from ..errors import DataError, SpecError, describe, first_line
 class Split:
     """One split's dataset and how many global batches an epoch (or a validation) takes of it."""
 
-    dataset: Any
+    dataset: Any  # None where a batch server holds it
     steps: int
+    length: int | None  # batches in the dataset; None: unknown or infinite
     first: tuple  # (x, y, w or None) of its first batch, as NumPy
     read_on: bool  # train.steps_per_epoch given: the next epoch goes on where this one stopped
 
@@ -83,28 +84,28 @@ def _split(dataset: Any, name: str, batch_size: int, given: int | None, key: str
     if given is not None:
         if length is not None and given > length:
             raise SpecError(f"train.{key}: expected at most the {length} batches of x_{name}, received {given}")
-        return Split(dataset, given, first, read_on=True)
+        return Split(dataset, given, length, first, read_on=True)
     if length is None:
         raise SpecError(
             f"train.{key}: expected a number of steps for x_{name}, a {_kind(dataset)} of unknown or infinite "
             "length (as fit needs), received none"
         )
     steps = length - (length > 1 and _rows(_element(dataset, length - 1, name)) < batch_size)  # a short last one
-    return Split(dataset, steps, first, read_on=False)
+    return Split(dataset, steps, length, first, read_on=False)
 
 
 def _kind(dataset: Any) -> str:
-    return "tf.data.Dataset" if _is_tf_data(dataset) else type(dataset).__name__
+    return "tf.data.Dataset" if is_tf_data(dataset) else type(dataset).__name__
 
 
-def _is_tf_data(dataset: Any) -> bool:
+def is_tf_data(dataset: Any) -> bool:
     tf = sys.modules.get("tensorflow")
     return tf is not None and isinstance(dataset, tf.data.Dataset)
 
 
 def _length(dataset: Any) -> int | None:
     """Batches in the dataset; None: unknown or infinite."""
-    if _is_tf_data(dataset):
+    if is_tf_data(dataset):
         cardinality = int(dataset.cardinality())
         return cardinality if cardinality >= 0 else None
     return len(dataset) if getattr(dataset, "num_batches", 1) is not None else None
@@ -113,7 +114,7 @@ def _length(dataset: Any) -> int | None:
 def _element(dataset: Any, index: int, name: str) -> tuple:
     """Batch `index`, as (x, y, w or None) of NumPy arrays."""
     try:
-        if _is_tf_data(dataset):
+        if is_tf_data(dataset):
             element = next(iter(dataset.skip(index).take(1).as_numpy_iterator()))
         else:
             element = dataset[index]
@@ -142,28 +143,50 @@ def _rows(batch: tuple) -> int:
     return int(np.shape(keras.tree.flatten(batch[1])[0])[0])
 
 
-def global_batches(split: Split, name: str, seed: list[int] | None = None) -> Iterator[tuple]:
+def global_batches(
+    split: Split, name: str, first_pass: int = 0, seed: list[int] | None = None, server=None, workers: int = 1
+) -> Iterator[tuple]:
     """The dataset's batches from its start, forever when it is read on across epochs (`read_on`).
 
-    With a `seed` a PyDataset's batches come in an order drawn from it and the pass, the same on
-    every worker, as `fit(shuffle=True)` shuffles a PyDataset's batches (a tf.data pipeline
-    shuffles itself, if it does: `fit` leaves its order alone).
+    A PyDataset's batches come from the `server` (`batch_server`), if there is one, else from the
+    dataset itself; with a `seed` in an order drawn from it and the pass, the same on every
+    worker, as `fit(shuffle=True)` shuffles a PyDataset's batches (a tf.data pipeline shuffles
+    itself, if it does: `fit` leaves its order alone).
     """
-    dataset = split.dataset
-    for passes in itertools.count():
-        if _is_tf_data(dataset):
-            elements = dataset.as_numpy_iterator()
-        else:
-            order = np.arange(len(dataset))
-            if seed is not None:
-                order = np.random.default_rng([*seed, passes]).permutation(order)
-            elements = (dataset[int(i)] for i in order)
-        for element in elements:
-            yield unpacked(element, name)
-        if hasattr(dataset, "on_epoch_end"):
-            dataset.on_epoch_end()
-        if not split.read_on:
+    if is_tf_data(split.dataset):
+        while True:
+            for element in split.dataset.as_numpy_iterator():
+                yield unpacked(element, name)
+            if not split.read_on:
+                return
+    keys = batch_keys(name, split.length, first_pass, split.read_on, seed)
+    if server is not None:
+        from .batch_server import served
+
+        elements = served(server, keys, workers)
+    else:
+        elements = (_local(split.dataset, key) for key in keys)
+    for element in elements:
+        yield unpacked(element, name)
+
+
+def batch_keys(name: str, length: int | None, first_pass: int, read_on: bool, seed: list[int] | None) -> Iterator:
+    """(split, pass, batch index, last of its pass) of each batch to read, in reading order."""
+    for passes in itertools.count(first_pass):
+        order = range(length) if length is not None else itertools.count()
+        if seed is not None and length is not None:
+            order = np.random.default_rng([*seed, passes]).permutation(length)
+        for position, index in enumerate(order):
+            yield name, passes, int(index), length is not None and position == length - 1
+        if not read_on:
             return
+
+
+def _local(dataset: Any, key: tuple) -> Any:
+    element = dataset[key[2]]
+    if key[3] and hasattr(dataset, "on_epoch_end"):  # as fit calls it after each pass
+        dataset.on_epoch_end()
+    return element
 
 
 def epoch_batches(batches: Iterator[tuple], steps: int, batch_size: int) -> Iterator[tuple]:

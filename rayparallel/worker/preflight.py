@@ -161,7 +161,9 @@ def _opened_keras_input(spec: JobSpec, out: dict, batch: int, rank_aware: bool) 
     if train.class_weight is not None and isinstance(y, (dict, tuple, list)):
         raise DataError("train.class_weight: expected a model with one output (as fit), received several outputs")
     val = opened.val.first if opened.val else (None, None, None)
-    source = DataSource(keras_input=True, rank_aware=rank_aware)
+    pydatasets = not any(keras_inputs.is_tf_data(s.dataset) for s in (opened.train, opened.val) if s is not None)
+    served = opened if pydatasets and not rank_aware else None  # loaded once for all workers
+    source = DataSource(keras_input=True, rank_aware=rank_aware, served=served)
     first = shards.Data(train=shards.Split(x=x, y=y), val=None, baselines={})
     described = dict(shards.describe_arrays(spec.data, first), rows=opened.train.steps * batch)
     weighted = w is not None and train.class_weight is None

@@ -17,15 +17,19 @@ def stateful_lstm(batch_size: int, units: int = 6, window: int = 5, dropout: flo
     return keras.Model(inputs, keras.layers.Dense(1)(hidden))
 
 
-def sine_streams(global_batch_size: int, windows: int = 6):
-    """Noisy sines, one phase per stream, laid out stream-interleaved for `layout: streams`."""
+def _sines(global_batch_size: int, windows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Features (streams, time, 2) and next-value targets (streams, time, 1) of noisy sines."""
     rng = np.random.default_rng(0)
     t = np.arange(windows * 5 + 1)
     phases = rng.uniform(0, 2 * np.pi, size=global_batch_size)
     series = np.sin(0.3 * t[None, :] + phases[:, None]) + 0.1 * rng.normal(size=(global_batch_size, len(t)))
     clock = np.broadcast_to(np.cos(0.3 * t[None, :-1]), series[:, :-1].shape)
-    feats = np.stack([series[:, :-1], clock], axis=-1)
-    target = series[:, 1:, None]
+    return np.stack([series[:, :-1], clock], axis=-1).astype("float32"), series[:, 1:, None].astype("float32")
+
+
+def sine_streams(global_batch_size: int, windows: int = 6):
+    """Noisy sines, one phase per stream, laid out stream-interleaved for `layout: streams`."""
+    feats, target = _sines(global_batch_size, windows)
     x = feats.reshape(global_batch_size, windows, 5, 2).transpose(1, 0, 2, 3).reshape(-1, 5, 2)
     y = target.reshape(global_batch_size, windows, 5, 1).transpose(1, 0, 2, 3).reshape(-1, 5, 1)
     cut = (windows - 2) * global_batch_size
@@ -35,6 +39,24 @@ def sine_streams(global_batch_size: int, windows: int = 6):
         "x_val": x[cut:].astype("float32"),
         "y_val": y[cut:].astype("float32"),
     }
+
+
+def timeseries_streams(global_batch_size: int, windows: int = 6):
+    """`sine_streams` built as a Keras user builds it for a stateful model: each stream's windows by
+    `keras.utils.timeseries_dataset_from_array`, zipped so that row i of every batch is stream i."""
+    import keras
+    import tensorflow as tf
+
+    feats, target = _sines(global_batch_size, windows)
+
+    def windowed(series):
+        return keras.utils.timeseries_dataset_from_array(series, None, 5, sequence_stride=5, batch_size=None)
+
+    def batched(streams):
+        return tf.data.Dataset.zip(tuple(windowed(s) for s in streams)).map(lambda *rows: tf.stack(rows))
+
+    data = tf.data.Dataset.zip((batched(feats), batched(target)))
+    return {"x_train": data.take(windows - 2), "x_val": data.skip(windows - 2)}
 
 
 def small_cnn(batch_size: int = 4, classes: int = 3):

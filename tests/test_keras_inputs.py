@@ -9,7 +9,7 @@ import pytest
 
 import rayparallel
 
-from .helpers import final_weights, job, max_relative_error
+from .helpers import final_weights, job, keras_fit_streams, max_relative_error
 
 pytestmark = pytest.mark.slow
 
@@ -73,3 +73,23 @@ def test_a_pydataset_of_png_files_trains_fits_model_on_2_workers(ray_address, tm
     # each batch loaded once per epoch for both workers (the batch server), and the driver's check of
     # the first and last batch
     assert sum(calls.values()) == 2 * batches + 2 and set(calls) == set(range(batches)), calls
+
+
+def test_a_stateful_lstm_fed_by_timeseries_dataset_from_array_trains_fits_model_on_2_workers(ray_address, tmp_path):
+    """Streams built by `timeseries_dataset_from_array`: the same batches as `sine_streams`' arrays, so
+    `fit` on those arrays (states reset where rayparallel resets them) is the oracle."""
+    import numpy as np
+
+    from tests.models import lstm_job, sine_streams, stateful_lstm, timeseries_streams
+
+    arrays, datasets = sine_streams(6), timeseries_streams(6)
+    batches = list(datasets["x_train"].as_numpy_iterator())
+    assert np.array_equal(np.concatenate([x for x, _ in batches]), arrays["x_train"])  # row i: stream i
+    spec = lstm_job("timeseries", "data.loader=tests.models:timeseries_streams", "train.epochs=3")
+    model, history = keras_fit_streams(spec)
+    result = rayparallel.train(spec, output_dir=tmp_path / "out", verbose=False)
+    error = max_relative_error(final_weights(result.final_weights, stateful_lstm), model.get_weights())
+    print(f"timeseries_dataset_from_array streams, 2 workers vs Keras fit: {error:.2e}")
+    assert error < 1e-5
+    for key, values in history.items():
+        assert [epoch[key] for epoch in result.history] == pytest.approx(values, rel=1e-4, abs=1e-6), key

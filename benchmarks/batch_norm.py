@@ -10,11 +10,11 @@ averaged once an epoch), in alternating rounds, and reports the median step time
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 from pathlib import Path
 
+from benchmarks.figures import report
 from benchmarks.resume_points import throughput
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,12 +44,12 @@ def main() -> None:
         "rounds": step_ms,
     }
     figures["global_vs_local_step_time"] = figures["step_ms_global"] / figures["step_ms_local"]
-    print(
+    report(
+        figures,
         f"BatchNormalization on the global batch vs per worker, 2 workers: step {figures['step_ms_global']:.1f} ms vs "
-        f"{figures['step_ms_local']:.1f} ms ({figures['global_vs_local_step_time']:.2f}x)"
+        f"{figures['step_ms_local']:.1f} ms ({figures['global_vs_local_step_time']:.2f}x)",
+        args.json,
     )
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2))
 
 
 if __name__ == "__main__":

@@ -11,12 +11,13 @@ global batch per epoch over all workers, the driver's two checks left out; targe
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from benchmarks.figures import report
 
 SIZE, BATCH = 64, 32
 
@@ -136,13 +137,13 @@ def main() -> None:
         "pydataset_vs_arrays_throughput": pydataset / arrays,
         "tfdata_vs_arrays_throughput": tfdata / arrays,
     }
-    print(
+    report(
+        figures,
         f"2 workers, {images} PNG files of {SIZE}x{SIZE}: arrays {arrays:.0f} samples/s, PyDataset {pydataset:.0f} "
         f"({figures['pydataset_vs_arrays_throughput']:.2f}x, {figures['pydataset_loads_per_batch']:.2f} loads per "
-        f"batch), tf.data {tfdata:.0f} ({figures['tfdata_vs_arrays_throughput']:.2f}x)"
+        f"batch), tf.data {tfdata:.0f} ({figures['tfdata_vs_arrays_throughput']:.2f}x)",
+        args.json,
     )
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2))
 
 
 if __name__ == "__main__":

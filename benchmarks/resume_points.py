@@ -11,11 +11,12 @@ process while training goes on.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks.figures import report
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,12 +73,12 @@ def main() -> None:
         "resume_points_vs_none_throughput": statistics.median(ratios),
         "ratios": ratios,
     }
-    print(
+    report(
+        figures,
         f"resume points every {args.every} steps vs none: throughput ratio {figures['resume_points_vs_none_throughput']:.3f} "
-        f"(target >= 0.95; rounds: {', '.join(f'{r:.3f}' for r in ratios)})"
+        f"(target >= 0.95; rounds: {', '.join(f'{r:.3f}' for r in ratios)})",
+        args.json,
     )
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ Given both and different, the job is refused with one line naming both.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import TYPE_CHECKING, Any
 
 from ..errors import SpecError
@@ -63,7 +62,7 @@ def _shown_in_full(value: Any) -> str:
     if not hasattr(value, "get_config"):
         return getattr(value, "__name__", str(value))
     config = {k: v for k, v in value.get_config().items() if k != "name"}
-    config.update(getattr(value, "_fn_kwargs", {}))
+    config.update(getattr(value, "_fn_kwargs", {}))  # a wrapped loss's arguments, which its config may drop
     return f"{type(value).__name__}({', '.join(f'{k}={v!r}' for k, v in config.items())})"
 
 
@@ -82,13 +81,14 @@ def _by_output_name(value: Any, model: keras.Model) -> Any:
 
 
 def _fingerprint(key: str, value: Any) -> str:
-    """A comparable form: the class and its config without its name, or the function's name."""
+    """A comparable form: names resolved to Keras objects, then shown as `described` shows them
+    (class and config without its name, or a function's name); metrics compare by name."""
     import keras
 
     if isinstance(value, dict) and "class_name" not in value:
-        return json.dumps({k: _fingerprint(key, v) for k, v in value.items()}, sort_keys=True)
+        return str({k: _fingerprint(key, v) for k, v in sorted(value.items())})
     if isinstance(value, (list, tuple)):
-        return json.dumps([_fingerprint(key, v) for v in value])
+        return str([_fingerprint(key, v) for v in value])
     if key == "metrics":
         return value if isinstance(value, str) else getattr(value, "name", repr(value))
     module = keras.optimizers if key == "optimizer" else keras.losses if key == "loss" else None
@@ -97,11 +97,7 @@ def _fingerprint(key: str, value: Any) -> str:
             value = module.get(value)
         except (ValueError, TypeError):
             return repr(value)
-    if not hasattr(value, "get_config"):
-        return getattr(value, "__name__", repr(value))
-    config = {k: v for k, v in value.get_config().items() if k != "name"}
-    config.update(getattr(value, "_fn_kwargs", {}))  # a wrapped loss's arguments, which its config may drop
-    return f"{type(value).__name__}{json.dumps(config, sort_keys=True, default=str)}"
+    return _shown_in_full(value)
 
 
 def _shown(value: Any) -> str:

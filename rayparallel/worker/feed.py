@@ -197,6 +197,7 @@ class KerasInputFeed(Feed):
         self.server, self.world = server, world
         self._val_passes = 0
         self.rows = slice(*rank_rows(batch, world, rank))
+        self._ones = np.ones(self.rows.stop - self.rows.start, "float32")  # x * 1.0 is exact
         self.steps = opened.train.steps
         self.val_steps = opened.val.steps if opened.val else 0
         x, y, _ = opened.train.first
@@ -232,6 +233,4 @@ class KerasInputFeed(Feed):
         x, y, w = (shards.take(part, self.rows) if part is not None else None for part in batch)
         if class_weight is not None:
             w = shards.class_weights(y, class_weight)
-        if w is None:
-            w = np.ones(self.rows.stop - self.rows.start, "float32")
-        return x, y, np.asarray(w, "float32")
+        return x, y, self._ones if w is None else np.asarray(w, "float32")

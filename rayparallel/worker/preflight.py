@@ -128,28 +128,37 @@ def _open_data(spec: JobSpec) -> _Opened:
         y_val = y if opened.input.val_rows else None  # the same columns
         source = DataSource(datasets=opened.input)
         x = datasets.features(sample, spec.data.x)
-        return _Opened(source, y, y_val, steps, {}, opened.descriptions, opened.datasets, x, x, x)
+        return _Opened(
+            source, y, y_val, steps, {}, opened.descriptions, opened.datasets, sample_x=x, features=x, val_features=x
+        )
     rank_aware = shards.rank_aware(spec.data)
     shard = Shard.of(0, spec.scaling.max_workers, batch) if rank_aware else None  # check rank 0's share
+    rows = shard.batch_size if shard else batch  # what each of the loader's batches holds
     out = shards.call_loader(spec.data, batch, shard)
     if keras_inputs.is_dataset(out.get("x_train") if isinstance(out, dict) else None):
-        return _opened_keras_input(spec, out, shard.batch_size if shard else batch, rank_aware)
+        return _opened_keras_input(spec, out, rows, rank_aware)
     for key in ("steps_per_epoch", "validation_steps"):
         if getattr(spec.train, key) is not None:
             raise SpecError(
                 f"train.{key}: expected only with a loader that returns datasets (epochs over arrays take every "
                 f"full batch), received {getattr(spec.train, key)}"
             )
-    data = shards.checked_arrays(out, spec.data, shard.batch_size if shard else batch, spec.train.class_weight)
-    if rank_aware:
-        source, steps = DataSource(rank_aware=True), shards.steps_per_epoch(data.train.rows, shard.batch_size)
-    else:
-        source, steps = DataSource(arrays=data), shards.steps_per_epoch(data.train.rows, batch)
+    data = shards.checked_arrays(out, spec.data, rows, spec.train.class_weight)
+    source = DataSource(rank_aware=True) if rank_aware else DataSource(arrays=data)
+    steps = shards.steps_per_epoch(data.train.rows, rows)
     y_val, x_val = (data.val.y, data.val.x) if data.val is not None else (None, None)
     weighted = data.train.w is not None and spec.train.class_weight is None
     described = [shards.describe_arrays(spec.data, data)]
     return _Opened(
-        source, data.train.y, y_val, steps, data.baselines, described, {}, None, data.train.x, x_val, weighted
+        source,
+        data.train.y,
+        y_val,
+        steps,
+        data.baselines,
+        described,
+        features=data.train.x,
+        val_features=x_val,
+        weighted=weighted,
     )
 
 
@@ -167,7 +176,18 @@ def _opened_keras_input(spec: JobSpec, out: dict, batch: int, rank_aware: bool) 
     first = shards.Data(train=shards.Split(x=x, y=y), val=None, baselines={})
     described = dict(shards.describe_arrays(spec.data, first), rows=opened.train.steps * batch)
     weighted = w is not None and train.class_weight is None
-    return _Opened(source, y, val[1], opened.train.steps, {}, [described], {}, x, x, val[0], weighted)
+    return _Opened(
+        source,
+        targets=y,
+        val_targets=val[1],
+        steps=opened.train.steps,
+        baselines={},
+        inputs=[described],
+        sample_x=x,
+        features=x,
+        val_features=val[0],
+        weighted=weighted,
+    )
 
 
 def check_inputs(model: keras.Model, x: Any, key: str = "data.x") -> None:

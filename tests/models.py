@@ -325,25 +325,35 @@ def write_parquet(directory, columns: dict, files: int = 3) -> str:
     return str(directory)
 
 
-def write_sine_streams(directory, global_batch_size: int) -> dict:
-    """`sine_streams` as parquet (train/ and val/), rows t-major with `stream` and `t` columns."""
+def write_sine_streams(directory, global_batch_size: int, stream_major: tuple[str, ...] = ()) -> dict:
+    """`sine_streams` as parquet (train/ and val/) with `stream` and `t` columns: rows t-major in 3 files,
+    or for the splits in `stream_major` one stream after another, one file per stream."""
     data = sine_streams(global_batch_size)
     paths = {}
     for split in ("train", "val"):
         x, y = data[f"x_{split}"], data[f"y_{split}"]
         row = np.arange(len(x))
         columns = {"x": x, "y": y, "stream": row % global_batch_size, "t": row // global_batch_size}
-        paths[split] = write_parquet(f"{directory}/{split}", columns)
+        files = 3
+        if split in stream_major:
+            order = np.lexsort((columns["t"], columns["stream"]))
+            columns, files = {k: v[order] for k, v in columns.items()}, global_batch_size
+        paths[split] = write_parquet(f"{directory}/{split}", columns, files)
     return paths
 
 
-def parquet_dataset(path: str, split: str = "train", drop: str | None = None, limit: int | None = None):
-    """`data.dataset` for tests: `path/split` as parquet, optionally without a column or cut short."""
+def parquet_dataset(
+    path: str, split: str = "train", drop: str | None = None, limit: int | None = None, descending: str | None = None
+):
+    """`data.dataset` for tests: `path/split` as parquet, optionally without a column, cut short, or sorted
+    by a column from its last value."""
     import ray.data
 
     dataset = ray.data.read_parquet(f"{path}/{split}")
     if drop:
         dataset = dataset.drop_columns([drop])
+    if descending:
+        dataset = dataset.sort(descending, descending=True)
     return dataset.limit(limit) if limit is not None else dataset
 
 

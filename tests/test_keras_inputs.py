@@ -57,25 +57,28 @@ def test_tf_data_with_validation_and_an_infinite_one_train_fits_model(ray_addres
     print(f"tf.data repeat(), 2 workers vs Keras fit: {check_against(result, weights, history):.2e}")
 
 
-def test_a_pydataset_of_png_files_trains_fits_model_on_2_workers(ray_address, tmp_path):
+def test_a_pydataset_of_png_files_trains_fits_model(ray_address, tmp_path):
     from tests.models import CountedImages, write_images
 
     write_images(tmp_path)
+    calls_log = tmp_path / "calls.log"
     weights, history = fit_oracle(CountedImages(str(tmp_path), 8), shuffle=False)  # as layout: streams
-    (tmp_path / "calls.log").unlink()
     spec = job("pydataset", "small_cnn", "png_images", {"folder": str(tmp_path)}, optimizer=SGD, epochs=2, **COMPILE)
     spec["checkpoint"] = {"monitor": "loss"}
-    result = rayparallel.train(spec, overrides=["scaling.num_workers=2"], output_dir=tmp_path / "out", verbose=False)
-    print(f"PyDataset, 2 workers vs Keras fit: {check_against(result, weights, history):.2e}")
-    calls = collections.Counter(int(line) for line in (tmp_path / "calls.log").read_text().split())
-    batches = 64 // 8
-    print(f"PyDataset __getitem__ calls per global batch per epoch: {sum(calls.values()) / (2 * batches):.2f}")
-    # each batch loaded once per epoch for both workers (the batch server), and the driver's check of
-    # the first and last batch
-    assert sum(calls.values()) == 2 * batches + 2 and set(calls) == set(range(batches)), calls
+    for workers in (1, 2):
+        calls_log.unlink()
+        out = tmp_path / f"out-{workers}"
+        result = rayparallel.train(spec, overrides=[f"scaling.num_workers={workers}"], output_dir=out, verbose=False)
+        print(f"PyDataset, {workers} workers vs Keras fit: {check_against(result, weights, history):.2e}")
+        calls = collections.Counter(int(line) for line in calls_log.read_text().split())
+        batches = 64 // 8
+        print(f"PyDataset __getitem__ calls per global batch per epoch: {sum(calls.values()) / (2 * batches):.2f}")
+        # each batch loaded once per epoch for all workers (the batch server), and the driver's check of
+        # the first and last batch
+        assert sum(calls.values()) == 2 * batches + 2 and set(calls) == set(range(batches)), (workers, calls)
 
 
-def test_a_stateful_lstm_fed_by_timeseries_dataset_from_array_trains_fits_model_on_2_workers(ray_address, tmp_path):
+def test_a_stateful_lstm_fed_by_timeseries_dataset_from_array_trains_fits_model(ray_address, tmp_path):
     """Streams built by `timeseries_dataset_from_array`: the same batches as `sine_streams`' arrays, so
     `fit` on those arrays (states reset where rayparallel resets them) is the oracle."""
     import numpy as np
@@ -87,9 +90,11 @@ def test_a_stateful_lstm_fed_by_timeseries_dataset_from_array_trains_fits_model_
     assert np.array_equal(np.concatenate([x for x, _ in batches]), arrays["x_train"])  # row i: stream i
     spec = lstm_job("timeseries", "data.loader=tests.models:timeseries_streams", "train.epochs=3")
     model, history = keras_fit_streams(spec)
-    result = rayparallel.train(spec, output_dir=tmp_path / "out", verbose=False)
-    error = max_relative_error(final_weights(result.final_weights, stateful_lstm), model.get_weights())
-    print(f"timeseries_dataset_from_array streams, 2 workers vs Keras fit: {error:.2e}")
-    assert error < 1e-5
-    for key, values in history.items():
-        assert [epoch[key] for epoch in result.history] == pytest.approx(values, rel=1e-4, abs=1e-6), key
+    for workers in (1, 2):
+        out = tmp_path / f"out-{workers}"
+        result = rayparallel.train(spec, overrides=[f"scaling.num_workers={workers}"], output_dir=out, verbose=False)
+        error = max_relative_error(final_weights(result.final_weights, stateful_lstm), model.get_weights())
+        print(f"timeseries_dataset_from_array streams, {workers} workers vs Keras fit: {error:.2e}")
+        assert error < 1e-5
+        for key, values in history.items():
+            assert [epoch[key] for epoch in result.history] == pytest.approx(values, rel=1e-4, abs=1e-6), key

@@ -23,14 +23,19 @@ ONE_EPOCH = ("mlflow.enabled=false", "train.epochs=1")  # its 4 steps carry the 
 
 
 def test_streams_from_ray_data_train_the_loader_model(ray_address, tmp_path):
-    """The same streams from the shared in-memory loader (2 workers) and Ray Data (1 and 2 workers): the same
+    """The same streams from the shared in-memory loader (2 workers) and Ray Data (1 and 2 workers), stored
+    t-major and stream-major (one file per stream; on 1 worker the validation rows stay t-major): the same
     weights to 1e-5, the same figures every epoch. (A rank-aware loader: tests/test_equivalence.py.)"""
-    root = tmp_path / "streams"
-    write_sine_streams(root, 6)
+    roots = {"": tmp_path / "streams", "stream_major": tmp_path / "by_stream", "mixed": tmp_path / "mixed"}
+    write_sine_streams(roots[""], 6)
+    write_sine_streams(roots["stream_major"], 6, stream_major=("train", "val"))
+    write_sine_streams(roots["mixed"], 6, stream_major=("train",))
+    assert len(list((roots["stream_major"] / "train").iterdir())) == 6
     runs = {"loader": rayparallel.train(lstm_job("loader", *ONE_EPOCH), output_dir=tmp_path / "a", verbose=False)}
-    for workers in (1, 2):
-        spec = ray_data_job(f"raydata{workers}", root, f"scaling.num_workers={workers}")
-        runs[f"raydata{workers}"] = rayparallel.train(spec, output_dir=tmp_path / f"r{workers}", verbose=False)
+    for stored, workers in (("", 1), ("", 2), ("mixed", 1), ("stream_major", 2)):
+        name = f"raydata{workers}{stored}"
+        spec = ray_data_job(name, roots[stored], f"scaling.num_workers={workers}")
+        runs[name] = rayparallel.train(spec, output_dir=tmp_path / name, verbose=False)
 
     print("seconds:", {name: round(result.seconds, 1) for name, result in runs.items()})
     reference = final_weights(runs["loader"].final_weights, stateful_lstm)
@@ -109,6 +114,8 @@ def test_bad_ray_data_input_is_one_line_before_training(ray_address, tmp_path):
         (["train.global_batch_size=4"], "data.dataset: expected streams 0..3"),
         (["data.kwargs.limit=20"], "gaps or repeats in t"),
         (["data.kwargs.limit=0"], "received an empty dataset"),
+        (["data.kwargs.descending=t"], "expected rows stored t-major (streams 0..5 at t=0, then at t=1, ...; sort"),
+        (["data.kwargs.descending=t"], "or stream-major (stream 0 at t=0, 1, ..., then stream 1, ...; sort by"),
         ([f"data.kwargs.path={tmp_path / 'nowhere'}"], "data.dataset: expected a dataset that reads, received"),
         ([f"data.kwargs.path={rows}", "data.val_dataset=null"], "expected columns ['stream', 't']"),
     ]

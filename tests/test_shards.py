@@ -70,3 +70,42 @@ def test_uneven_worker_counts_own_fixed_streams_and_cover_each_batch_once():
         assert (rows % batch == rows[0] % batch).all()  # the same streams every step, in time order
         owned.append(rows[0] % batch)
     assert np.concatenate(owned).tolist() == list(range(batch))  # every stream once, in rank order
+
+
+class _StoredStream:
+    """One stream's rows as Ray Data's iterator hands them: dicts of columns, `batch_size` rows at a time."""
+
+    def __init__(self, stream: int, steps: int):
+        self.columns = {"stream": np.full(steps, stream), "t": np.arange(steps), "x": np.arange(steps) * 10 + stream}
+
+    def iter_batches(self, batch_size: int, batch_format: str):
+        rows = len(self.columns["t"])
+        for start in range(0, rows, batch_size):
+            yield {name: column[start : start + batch_size] for name, column in self.columns.items()}
+
+
+def test_stream_major_rows_step_in_lockstep_across_chunks():
+    from rayparallel.worker.datasets import lockstep
+
+    steps = list(lockstep([_StoredStream(s, 7) for s in (2, 3, 4)], chunk_rows=3))  # chunks of 3, 3, 1 rows
+    assert len(steps) == 7
+    for t, batch in enumerate(steps):
+        assert batch["stream"].tolist() == [2, 3, 4] and batch["t"].tolist() == [t] * 3
+        assert batch["x"].tolist() == [t * 10 + 2, t * 10 + 3, t * 10 + 4]
+    short = [_StoredStream(0, 7), _StoredStream(1, 5)]
+    assert len(list(lockstep(short, chunk_rows=3))) == 5  # a short stream ends them all: shard_batches says so
+
+
+def test_a_streams_dataset_is_t_major_or_stream_major_from_its_first_rows():
+    from rayparallel.worker.datasets import STREAM_MAJOR, T_MAJOR, stored_order
+
+    def rows(stream, t):
+        return {"stream": np.array(stream), "t": np.array(t)}
+
+    assert stored_order(rows([0, 1, 2, 3], [0] * 4), "data.dataset", 4) == T_MAJOR
+    assert stored_order(rows([0, 0, 0, 0], [0, 1, 2, 3]), "data.dataset", 4) == STREAM_MAJOR
+    assert stored_order(rows([0, 0, 1, 1], [0, 1, 0, 1]), "data.dataset", 4) == STREAM_MAJOR  # streams of 2 rows
+    for stream, t in (([1, 0, 2, 3], [0] * 4), ([0, 0, 0, 0], [0, 2, 1, 3]), ([0, 0, 1, 1], [0, 1, 1, 2])):
+        with pytest.raises(DataError, match=r"^data.dataset: expected rows stored t-major .* or stream-major") as e:
+            stored_order(rows(stream, t), "data.dataset", 4)
+        assert "\n" not in str(e.value)

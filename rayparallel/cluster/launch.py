@@ -177,8 +177,9 @@ def _trainer(run: Launch, actor: ActorHandle, scaling_config: ScalingConfig) -> 
     spec = run.spec
     data_options = {}
     if run.datasets:
+        stored = run.source.datasets.stored  # each split's order of rows, found by the driver
         data_options = dict(
-            datasets=run.datasets, dataset_config=rank_shards(spec.data.layout, spec.train.global_batch_size)
+            datasets=run.datasets, dataset_config=rank_shards(spec.data.layout, spec.train.global_batch_size, stored)
         )
     return trainer_class()(
         train_loop_per_worker,

@@ -10,7 +10,11 @@ needs. The plan then goes to Ray Train (`DataParallelTrainer(datasets=...)`) wit
   `(seed, epoch, rank)`. Every worker gets the same number of rows, so the same steps.
 - `layout: streams`: worker r's plan is the dataset filtered to the streams it owns, with
   Ray Data keeping the file and row order (Ray's split hands blocks to whichever worker is
-  free, which would mix streams up). Rows reach a worker only if they are its own.
+  free, which would mix streams up). Rows reach a worker only if they are its own. Rows
+  stored t-major (all streams at t=0, then t=1, ...) arrive as the steps want them: one plan.
+  Rows stored stream-major (each stream's rows in t order, streams one after another, as
+  per-sensor files hold them) get one plan per owned stream, read side by side a chunk at a
+  time and laid out t-major in the worker: no global sort, a few chunks per stream in memory.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -35,6 +39,8 @@ if TYPE_CHECKING:
     from ray.train import DataConfig
 
 STREAM_COLUMNS = ("stream", "t")
+T_MAJOR, STREAM_MAJOR = "t-major", "stream-major"  # the two orders `layout: streams` reads rows in
+STREAM_CHUNK_ROWS = 64  # stream-major: rows of each stream read at a time
 SHUFFLE_BUFFER_BATCHES = 8  # a worker's local shuffle mixes this many of its batches' rows
 
 
@@ -49,6 +55,7 @@ class DatasetInput:
     train_rows: int
     val_rows: int | None  # None: no validation dataset
     sample: dict[str, np.ndarray]  # the first global batch of training rows, by column
+    stored: dict[str, str] = field(default_factory=dict)  # layout streams: each split's order, T_MAJOR or STREAM_MAJOR
 
     def steps(self, rows: int | None, global_batch_size: int) -> int:
         return (rows or 0) // global_batch_size
@@ -65,7 +72,7 @@ class OpenedDatasets:
 
 def open_datasets(spec: DataSpec, global_batch_size: int, seed: int) -> OpenedDatasets:
     """Call `data.dataset` (and `data.val_dataset`), check them on a sample, count their rows."""
-    lazy, rows, descriptions, sample = {}, {}, [], {}
+    lazy, rows, descriptions, sample, stored = {}, {}, [], {}, {}
     for split, ref in (("train", spec.dataset), ("val", spec.val_dataset)):
         if ref is None:
             continue
@@ -85,15 +92,18 @@ def open_datasets(spec: DataSpec, global_batch_size: int, seed: int) -> OpenedDa
         if count < global_batch_size:
             got = "an empty dataset" if count == 0 else f"{count} rows"
             raise DataError(f"{key}: expected at least one global batch ({global_batch_size} rows), received {got}")
-        if split == "train":  # the validation rows are checked by the workers as they read them
-            sample = _read(lambda d=dataset: d.take_batch(global_batch_size, batch_format="numpy"), key)
-            if spec.layout == "streams":
-                _check_first_step(sample, key, global_batch_size)
+        first = None
+        if split == "train" or spec.layout == "streams":  # other rows are checked by the workers as they read them
+            first = _read(lambda d=dataset: d.take_batch(global_batch_size, batch_format="numpy"), key)
+        if spec.layout == "streams":
+            stored[split] = stored_order(first, key, global_batch_size)
+        if split == "train":
+            sample = first
             if spec.layout == "shuffle":
                 dataset = dataset.randomize_block_order(seed=seed)  # a new order each epoch (Ray reseeds per run)
         lazy[split], rows[split] = dataset, count
         descriptions.append(_description(split, ref, spec.kwargs, schema, count))
-    opened = DatasetInput(spec.x, spec.y, spec.layout, seed, rows["train"], rows.get("val"), sample)
+    opened = DatasetInput(spec.x, spec.y, spec.layout, seed, rows["train"], rows.get("val"), sample, stored)
     return OpenedDatasets(lazy, opened, descriptions)
 
 
@@ -110,12 +120,16 @@ def shard_batches(
     """This worker's `steps` batches of an epoch from its `ray.train.get_dataset_shard` iterator.
 
     Exactly `steps` batches on every worker, or an error naming the worker: one that ran out
-    would leave the others waiting in the step's all-reduce.
+    would leave the others waiting in the step's all-reduce. A list of shards is one per
+    stream, stored stream-major (`rank_shards`).
     """
     options = {}
     if shuffle_seed is not None:
         options = dict(local_shuffle_buffer_size=SHUFFLE_BUFFER_BATCHES * per_worker, local_shuffle_seed=shuffle_seed)
-    batches = iter(shard.iter_batches(batch_size=per_worker, batch_format="numpy", drop_last=True, **options))
+    if isinstance(shard, list):
+        batches = lockstep(shard)
+    else:
+        batches = iter(shard.iter_batches(batch_size=per_worker, batch_format="numpy", drop_last=True, **options))
     ones = np.ones(per_worker, "float32")
     for step in range(steps):
         batch = next(batches, None)
@@ -131,10 +145,16 @@ def shard_batches(
         pass
 
 
-def rank_shards(layout: str, global_batch_size: int) -> DataConfig:
-    """The `dataset_config` for Ray Train: which rows each worker's dataset shard streams."""
+def rank_shards(layout: str, global_batch_size: int, stored: dict[str, str] | None = None) -> DataConfig:
+    """The `dataset_config` for Ray Train: which rows each worker's dataset shard streams.
+
+    `stored` is each split's order (`DatasetInput.stored`): a stream-major split's shard is a
+    list of iterators, one per stream the worker owns.
+    """
     from ray.data import ExecutionOptions
     from ray.train import DataConfig
+
+    stored = stored or {}
 
     class RankShards(DataConfig):
         def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
@@ -143,7 +163,13 @@ def rank_shards(layout: str, global_batch_size: int) -> DataConfig:
             shards = []
             for rank in range(world_size):
                 start, stop = rank_rows(global_batch_size, world_size, rank)
-                shards.append({name: own_streams(ds, start, stop).iterator() for name, ds in datasets.items()})
+                shard = {}
+                for name, ds in datasets.items():
+                    if stored.get(name) == STREAM_MAJOR:
+                        shard[name] = [own_streams(ds, s, s + 1).iterator() for s in range(start, stop)]
+                    else:
+                        shard[name] = own_streams(ds, start, stop).iterator()
+                shards.append(shard)
             return shards
 
     return RankShards(execution_options=ExecutionOptions(preserve_order=layout == "streams"))
@@ -156,6 +182,26 @@ def own_streams(dataset: ray.data.Dataset, start: int, stop: int) -> ray.data.Da
     owned = dataset.filter(expr=(col("stream") >= start) & (col("stream") < stop))
     owned.context.execution_options.preserve_order = True
     return owned
+
+
+def lockstep(streams: list, chunk_rows: int = STREAM_CHUNK_ROWS) -> Iterator[dict[str, np.ndarray]]:
+    """Rows of one stream per iterator, as batches of one row per stream: step t holds every stream's t-th row.
+
+    Each stream is read a chunk at a time, so memory holds a few chunks per stream whatever the
+    streams' length. The batches are checked by `shard_batches` like t-major ones: a stream
+    whose rows are not in t order, or that ends early, is an error there.
+    """
+    chunks = [iter(s.iter_batches(batch_size=chunk_rows, batch_format="numpy")) for s in streams]
+    while True:
+        parts = [next(c, None) for c in chunks]
+        if any(p is None for p in parts):
+            return
+        rows = min(len(p["stream"]) for p in parts)  # equal unless a stream is short: its next batch is missing
+        stacked = {name: np.stack([p[name][:rows] for p in parts], axis=1) for name in parts[0]}
+        for t in range(rows):
+            yield {name: column[t] for name, column in stacked.items()}
+        if rows < max(len(p["stream"]) for p in parts):
+            return
 
 
 def _call(ref: str, key: str, kwargs: dict) -> ray.data.Dataset:
@@ -238,21 +284,28 @@ def _block_figures(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     }
 
 
-def _check_first_step(batch: dict, key: str, global_batch_size: int) -> None:
-    """Rows stored `t`-major: all streams at t=0 first, in stream order."""
-    streams, t = batch["stream"].tolist(), batch["t"].tolist()
-    if streams != list(range(global_batch_size)) or set(t) != {0}:
-        raise DataError(
-            f"{key}: expected rows stored t-major (streams 0..{global_batch_size - 1} at t=0 first, then t=1, ...; "
-            f"sort by ['t', 'stream']), received first rows with stream {streams[:6]} and t {t[:6]}"
-        )
+def stored_order(batch: dict, key: str, global_batch_size: int) -> str:
+    """The order of a streams dataset, from its first rows: T_MAJOR, STREAM_MAJOR, or a one-line error."""
+    stream, t = np.asarray(batch["stream"]), np.asarray(batch["t"])
+    if stream.tolist() == list(range(global_batch_size)) and not t.any():
+        return T_MAJOR  # all streams at t=0 first, in stream order
+    next_t = (stream[1:] == stream[:-1]) & (t[1:] == t[:-1] + 1)
+    next_stream = (stream[1:] == stream[:-1] + 1) & (t[1:] == 0)
+    if stream[0] == 0 and t[0] == 0 and (next_t | next_stream).all():
+        return STREAM_MAJOR  # stream 0 from t=0, then stream 1 from t=0, ...
+    raise DataError(
+        f"{key}: expected rows stored t-major (streams 0..{global_batch_size - 1} at t=0, then at t=1, ...; "
+        "sort by ['t', 'stream']) or stream-major (stream 0 at t=0, 1, ..., then stream 1, ...; sort by "
+        f"['stream', 't']), received first rows with stream {stream.tolist()[:6]} and t {t.tolist()[:6]}"
+    )
 
 
 def _check_step(batch: dict, streams: range, step: int) -> None:
     if batch["stream"].tolist() != list(streams) or (batch["t"] != step).any():
         raise DataError(
             f"data.dataset: expected streams {streams.start}-{streams.stop - 1} at t={step}, received streams "
-            f"{batch['stream'].tolist()[:6]} at t {sorted(set(batch['t'].tolist()))[:6]} (rows not stored t-major?)"
+            f"{batch['stream'].tolist()[:6]} at t {sorted(set(batch['t'].tolist()))[:6]} (rows stored neither "
+            "t-major nor stream-major past the first ones?)"
         )
 
 

@@ -410,14 +410,18 @@ def batch_norm_cnn(batch_size: int = 8, classes: int = 3):
     return keras.Model(inputs, keras.layers.Dense(classes, activation="softmax")(h))
 
 
-def tf_data_blobs(global_batch_size: int, repeat: bool = False, batch_size: int | None = None, y: bool = False):
+def tf_data_blobs(
+    global_batch_size: int, repeat: bool = False, batch_size: int | None = None, y: bool = False, outputs: int = 1
+):
     """`blobs` as keras-io feeds `fit`: `from_tensor_slices(...).batch(B)`, validation data too;
-    `repeat`: an infinite training dataset (needs train.steps_per_epoch). `batch_size` and `y`: bad input."""
+    `repeat`: an infinite training dataset (needs train.steps_per_epoch). `batch_size`, `y` and
+    `outputs` (targets for several outputs): bad input."""
     import tensorflow as tf
 
     data = blobs()
     batch = batch_size or global_batch_size
-    train = tf.data.Dataset.from_tensor_slices((data["x_train"], data["y_train"])).batch(batch)
+    targets = data["y_train"] if outputs == 1 else (data["y_train"],) * outputs
+    train = tf.data.Dataset.from_tensor_slices((data["x_train"], targets)).batch(batch)
     val = tf.data.Dataset.from_tensor_slices((data["x_val"], data["y_val"])).batch(batch)
     return {"x_train": train.repeat() if repeat else train, "x_val": val, **({"y_train": data["y_train"]} if y else {})}
 

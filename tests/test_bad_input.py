@@ -91,6 +91,11 @@ CNN = {
         ),
         (
             CNN,
+            ["data.loader=tests.models:tf_data_blobs", "data.kwargs.outputs=2", "train.class_weight={0: 2.0}"],
+            "train.class_weight: expected a model with one output (as fit), received several outputs",
+        ),
+        (
+            CNN,
             ["train.steps_per_epoch=3"],
             "train.steps_per_epoch: expected only with a loader that returns datasets",
         ),

@@ -19,7 +19,8 @@ from .helpers import final_weights, max_relative_error
 from .models import lstm_job, ray_data_job, stateful_lstm, write_rows, write_sine_streams
 
 pytestmark = pytest.mark.slow
-ONE_EPOCH = ("mlflow.enabled=false", "train.epochs=1")  # its 4 steps carry the streams' states from step to step
+# 4 steps an epoch carry the streams' states from step to step; the second epoch's plan starts during the first
+TWO_EPOCHS = ("mlflow.enabled=false", "train.epochs=2")
 
 
 def test_streams_from_ray_data_train_the_loader_model(ray_address, tmp_path):
@@ -31,10 +32,10 @@ def test_streams_from_ray_data_train_the_loader_model(ray_address, tmp_path):
     write_sine_streams(roots["stream_major"], 6, stream_major=("train", "val"))
     write_sine_streams(roots["mixed"], 6, stream_major=("train",))
     assert len(list((roots["stream_major"] / "train").iterdir())) == 6
-    runs = {"loader": rayparallel.train(lstm_job("loader", *ONE_EPOCH), output_dir=tmp_path / "a", verbose=False)}
+    runs = {"loader": rayparallel.train(lstm_job("loader", *TWO_EPOCHS), output_dir=tmp_path / "a", verbose=False)}
     for stored, workers in (("", 1), ("", 2), ("mixed", 1), ("stream_major", 2)):
         name = f"raydata{workers}{stored}"
-        spec = ray_data_job(name, roots[stored], f"scaling.num_workers={workers}")
+        spec = ray_data_job(name, roots[stored], f"scaling.num_workers={workers}", *TWO_EPOCHS)
         runs[name] = rayparallel.train(spec, output_dir=tmp_path / name, verbose=False)
 
     print("seconds:", {name: round(result.seconds, 1) for name, result in runs.items()})
@@ -47,12 +48,13 @@ def test_streams_from_ray_data_train_the_loader_model(ray_address, tmp_path):
             for key in ("loss", "mae", "val_loss", "val_mae"):
                 assert logs[key] == pytest.approx(runs["loader"].history[epoch][key], rel=1e-5), (name, key)
         assert all(w["memory"]["pss_peak_mb"] >= w["memory"]["pss_before_data_mb"] > 0 for w in result.workers)
+        assert [len(w["epoch_start_wait_s"]) for w in result.workers] == [2] * len(result.workers)  # each epoch's
     assert [w["batch_shape"] for w in runs["raydata2"].workers] == [w["batch_shape"] for w in runs["loader"].workers]
 
 
 def test_shuffle_from_ray_data_uses_each_row_once_and_finishes_with_uneven_shares(ray_address, tmp_path):
     """101 rows, global batch 8, 2 workers: every epoch 12 steps on each, no row twice, fewer than 8 left
-    out, a new order each epoch; and a real 2-worker run over them finishes."""
+    out, a new order each epoch; and a real 2-worker run of 2 epochs over them finishes."""
     from rayparallel.worker.datasets import open_datasets, rank_shards, shard_batches
 
     write_rows(tmp_path, 101)
@@ -60,7 +62,7 @@ def test_shuffle_from_ray_data_uses_each_row_once_and_finishes_with_uneven_share
         "name": "shuffled",
         "model": {"builder": "tests.models:dense_regressor"},
         "data": {"dataset": "tests.models:parquet_dataset", "kwargs": {"path": str(tmp_path)}, "layout": "shuffle"},
-        "train": {"global_batch_size": 8, "epochs": 1, "seed": 1},
+        "train": {"global_batch_size": 8, "epochs": 2, "seed": 1},
         "scaling": {"num_workers": 2},
         "mlflow": {"enabled": False},
     }
@@ -94,8 +96,8 @@ def test_shuffle_from_ray_data_uses_each_row_once_and_finishes_with_uneven_share
         assert 101 - len(rows) < 8
     assert seen[0, 1] + seen[1, 1] != seen[0, 2] + seen[1, 2]
 
-    result = rayparallel.train(spec, output_dir=tmp_path / "run", verbose=False)
-    assert len(result.history) == 1 and np.isfinite(result.history[0]["loss"])
+    result = rayparallel.train(spec, output_dir=tmp_path / "run", verbose=False)  # epoch 2 from the other split
+    assert len(result.history) == 2 and all(np.isfinite(logs["loss"]) for logs in result.history)
     assert [w["batch_shape"] for w in result.workers] == [[[4, 4]], [[4, 4]]]
 
 

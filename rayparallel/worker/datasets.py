@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     import ray.data
     from ray.train import DataConfig
 
+ALTERNATE = "train_even_epochs"  # the training plan again, for every other epoch (`epoch_ahead`)
 STREAM_COLUMNS = ("stream", "t")
 T_MAJOR, STREAM_MAJOR = "t-major", "stream-major"  # the two orders `layout: streams` reads rows in
 STREAM_CHUNK_ROWS = 64  # stream-major: rows of each stream read at a time
@@ -65,13 +66,16 @@ class DatasetInput:
 class OpenedDatasets:
     """The driver's view: the lazy datasets for Ray Train, the counts, a sample, what MLflow records."""
 
-    datasets: dict[str, ray.data.Dataset]  # "train" (and "val")
+    datasets: dict[str, ray.data.Dataset]  # "train", ALTERNATE (and "val")
     input: DatasetInput
     descriptions: list[dict]
 
 
 def open_datasets(spec: DataSpec, global_batch_size: int, seed: int) -> OpenedDatasets:
-    """Call `data.dataset` (and `data.val_dataset`), check them on a sample, count their rows."""
+    """Call `data.dataset` (and `data.val_dataset`), check them on a sample, count their rows.
+
+    The training plan goes to Ray Train twice, as "train" and ALTERNATE: odd and even epochs.
+    """
     lazy, rows, descriptions, sample, stored = {}, {}, [], {}, {}
     for split, ref in (("train", spec.dataset), ("val", spec.val_dataset)):
         if ref is None:
@@ -99,8 +103,11 @@ def open_datasets(spec: DataSpec, global_batch_size: int, seed: int) -> OpenedDa
             stored[split] = stored_order(first, key, global_batch_size)
         if split == "train":
             sample = first
-            if spec.layout == "shuffle":
-                dataset = dataset.randomize_block_order(seed=seed)  # a new order each epoch (Ray reseeds per run)
+            if spec.layout == "shuffle":  # a new order each epoch (Ray reseeds per run)
+                lazy[ALTERNATE] = dataset.randomize_block_order(seed=seed + 1)
+                dataset = dataset.randomize_block_order(seed=seed)
+            else:
+                lazy[ALTERNATE] = dataset
         lazy[split], rows[split] = dataset, count
         descriptions.append(_description(split, ref, spec.kwargs, schema, count))
     opened = DatasetInput(spec.x, spec.y, spec.layout, seed, rows["train"], rows.get("val"), sample, stored)
@@ -165,7 +172,7 @@ def rank_shards(layout: str, global_batch_size: int, stored: dict[str, str] | No
                 start, stop = rank_rows(global_batch_size, world_size, rank)
                 shard = {}
                 for name, ds in datasets.items():
-                    if stored.get(name) == STREAM_MAJOR:
+                    if stored.get("train" if name == ALTERNATE else name) == STREAM_MAJOR:
                         shard[name] = [own_streams(ds, s, s + 1).iterator() for s in range(start, stop)]
                     else:
                         shard[name] = own_streams(ds, start, stop).iterator()

@@ -11,7 +11,8 @@ The loop sees one interface, `Feed`; three sources stand behind it:
 - a loader's `tf.data.Dataset` or `keras.utils.PyDataset` (`KerasInputFeed`): every worker
   calls the loader and takes its slice of each global batch (`keras_inputs`).
 
-`wait_s` adds up the time the loop waited for its next batch (the input pipeline's cost).
+`wait_s` adds up the time the loop waited for its next batch (the input pipeline's cost);
+`epoch_start_waits` keeps each training epoch's wait for its first batch (a plan's start-up).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ..errors import DataError
 from ..spec import JobSpec, Shard
 from ..spec.schema import rank_rows
 from . import datasets, keras_inputs, shards
+from .epoch_ahead import EpochAhead
 
 if TYPE_CHECKING:
     import ray
@@ -53,7 +55,7 @@ def open_feed(
     """This worker's feed; `agree` gathers one list of figures from every worker (a collective)."""
     batch = spec.train.global_batch_size
     if source.datasets is not None:
-        return DatasetFeed(source.datasets, batch, rank, world)
+        return DatasetFeed(source.datasets, batch, rank, world, spec.train.epochs)
     train = spec.train
     seed = [train.seed] if spec.data.layout == "shuffle" else None  # PyDatasets; streams: the order kept
     if source.batch_server is not None:
@@ -85,9 +87,10 @@ class Feed:
 
     def __init__(self) -> None:
         self.wait_s = 0.0
+        self.epoch_start_waits: list[float] = []
 
     def train(self, epoch: int) -> Iterator[Batch]:
-        return self._timed(self._train(epoch))
+        return self._timed(self._train(epoch), self.epoch_start_waits)
 
     def val(self) -> Iterator[Batch]:
         return self._timed(self._val())
@@ -98,11 +101,15 @@ class Feed:
     def _val(self) -> Iterator[Batch]:
         raise NotImplementedError
 
-    def _timed(self, batches: Iterator[Batch]) -> Iterator[Batch]:
+    def _timed(self, batches: Iterator[Batch], first_waits: list[float] | None = None) -> Iterator[Batch]:
         while True:
             started = time.perf_counter()
             batch = next(batches, None)
-            self.wait_s += time.perf_counter() - started
+            waited = time.perf_counter() - started
+            self.wait_s += waited
+            if first_waits is not None:
+                first_waits.append(round(waited, 4))
+                first_waits = None
             if batch is None:
                 return
             yield batch
@@ -154,7 +161,7 @@ def own_rows_feed(
 class DatasetFeed(Feed):
     """This worker's Ray Data shards (`ray.train.get_dataset_shard`), streamed batch by batch."""
 
-    def __init__(self, opened: datasets.DatasetInput, global_batch: int, rank: int, world: int):
+    def __init__(self, opened: datasets.DatasetInput, global_batch: int, rank: int, world: int, epochs: int):
         import ray.train
 
         super().__init__()
@@ -163,17 +170,23 @@ class DatasetFeed(Feed):
         self.streams, self.per_worker = range(start, stop), stop - start
         self.steps = opened.steps(opened.train_rows, global_batch)
         self.val_steps = opened.steps(opened.val_rows, global_batch)
-        self.shard = ray.train.get_dataset_shard("train")
+        # odd epochs from one shard, even ones from the other: the next starts before this one ends
+        self.shards = [ray.train.get_dataset_shard(name) for name in ("train", datasets.ALTERNATE)]
         self.val_shard = ray.train.get_dataset_shard("val") if opened.val_rows else None
+        self.ahead = EpochAhead(self._epoch, epochs, self.steps)
         self.baselines = {}
         self.sample_x = datasets.features(opened.sample, opened.x)
         self.sample_y = datasets.features(opened.sample, opened.y)
 
     def _train(self, epoch: int) -> Iterator[Batch]:
+        return self.ahead.epoch(epoch)
+
+    def _epoch(self, epoch: int) -> Iterator[Batch]:
         shuffle = None
         if self.opened.layout == "shuffle":
             shuffle = int(np.random.default_rng([self.opened.seed, epoch, self.rank]).integers(2**31))
-        return datasets.shard_batches(self.shard, self.opened, self.steps, self.per_worker, self.streams, shuffle)
+        shard = self.shards[(epoch - 1) % 2]
+        return datasets.shard_batches(shard, self.opened, self.steps, self.per_worker, self.streams, shuffle)
 
     def _val(self) -> Iterator[Batch]:
         return datasets.shard_batches(self.val_shard, self.opened, self.val_steps, self.per_worker, self.streams, None)

@@ -215,7 +215,11 @@ class WorkerRun:
         self.callbacks.on_train_end(dict(logs))  # EarlyStopping(restore_best_weights) restores here
         weights = self.model.get_weights()  # every rank reads, see resume.snapshot
         # replicas in step hold identical weights: result.json shows each rank's digest
-        figures = {"final_weights_sha256": resume.digest(weights), "memory": self.memory.figures()}
+        figures = {
+            "final_weights_sha256": resume.digest(weights),
+            "memory": self.memory.figures(),
+            "epoch_start_wait_s": self.feed.epoch_start_waits,  # each epoch's wait for its first batch
+        }
         ray.get(self.actor.update_worker.remote(self.rank, figures))
         if self.rank == 0:
             self.client.flush()

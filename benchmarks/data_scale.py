@@ -164,8 +164,8 @@ def main() -> None:
         raydata = rayparallel.train(streamed, output_dir=root / "raydata", verbose=False)
     finally:
         ray.shutdown()
-        if not args.keep:  # gigabytes of parquet
-            shutil.rmtree(root / "rows", ignore_errors=True)
+        if not args.keep:  # gigabytes of parquet; the figures are printed (and in --json)
+            shutil.rmtree(root, ignore_errors=True)
 
     figures = {
         "dataset_bytes": dataset_bytes,

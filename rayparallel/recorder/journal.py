@@ -23,6 +23,7 @@ class RecorderJournal:
         self.path = path
         self._lock = threading.Lock()
         self.error: str | None = None  # why the newest write failed, if it did
+        self._written: str | None = None  # what the file holds: an unchanged state is not written again
 
     def read(self) -> dict | None:
         try:
@@ -32,11 +33,14 @@ class RecorderJournal:
 
     def write(self, state: dict) -> bool:
         """False when it could not be written (a full disk): the run goes on, a restart would know less."""
+        text = json.dumps(state, default=float)
         with self._lock:  # calls come from the recorder's two threads; the newest state wins
+            if text == self._written:
+                return True
             try:
-                atomic_write_text(self.path, json.dumps(state, default=float), "--output-dir")
+                atomic_write_text(self.path, text, "--output-dir")
             except WriteError as exc:
                 self.error = str(exc)
                 return False
-            self.error = None
+            self.error, self._written = None, text
             return True

@@ -56,7 +56,7 @@ class DatasetInput:
     train_rows: int
     val_rows: int | None  # None: no validation dataset
     sample: dict[str, np.ndarray]  # the first global batch of training rows, by column
-    stored: dict[str, str] = field(default_factory=dict)  # layout streams: each split's order, T_MAJOR or STREAM_MAJOR
+    stored: dict[str, str] = field(default_factory=dict)  # layout streams: each plan's order, T_MAJOR or STREAM_MAJOR
 
     def steps(self, rows: int | None, global_batch_size: int) -> int:
         return (rows or 0) // global_batch_size
@@ -107,7 +107,7 @@ def open_datasets(spec: DataSpec, global_batch_size: int, seed: int) -> OpenedDa
                 lazy[ALTERNATE] = dataset.randomize_block_order(seed=seed + 1)
                 dataset = dataset.randomize_block_order(seed=seed)
             else:
-                lazy[ALTERNATE] = dataset
+                lazy[ALTERNATE], stored[ALTERNATE] = dataset, stored["train"]
         lazy[split], rows[split] = dataset, count
         descriptions.append(_description(split, ref, spec.kwargs, schema, count))
     opened = DatasetInput(spec.x, spec.y, spec.layout, seed, rows["train"], rows.get("val"), sample, stored)
@@ -172,7 +172,7 @@ def rank_shards(layout: str, global_batch_size: int, stored: dict[str, str] | No
                 start, stop = rank_rows(global_batch_size, world_size, rank)
                 shard = {}
                 for name, ds in datasets.items():
-                    if stored.get("train" if name == ALTERNATE else name) == STREAM_MAJOR:
+                    if stored.get(name) == STREAM_MAJOR:
                         shard[name] = [own_streams(ds, s, s + 1).iterator() for s in range(start, stop)]
                     else:
                         shard[name] = own_streams(ds, start, stop).iterator()

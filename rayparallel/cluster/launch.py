@@ -81,7 +81,7 @@ class Launch:
         self.marks.setdefault(phase, time.time())
 
 
-def in_object_store(source: DataSource) -> DataSource:
+def shared_with_workers(source: DataSource) -> DataSource:
     """The loader's arrays put once into the object store, where every worker of a node reads them
     without a copy; the driver keeps only the reference (a restarted worker group reads the same object).
     A loader's PyDatasets go to a batch server instead, which loads each batch once for all workers."""

@@ -130,7 +130,7 @@ def run_job(
     CLI's: when its process started); `on_epoch` sees every epoch's logs here and may end the run.
     """
     from .connect import check_capacity
-    from .launch import Launch, in_object_store, launch
+    from .launch import Launch, launch, shared_with_workers
     from .run_state import plan_run
 
     started_at = started_at or time.time()
@@ -161,7 +161,7 @@ def run_job(
             started_at=started_at,
             marks=marks,
             on_epoch=on_epoch,
-            source=in_object_store(checks.source),
+            source=shared_with_workers(checks.source),
             datasets=checks.datasets,
             inputs=checks.inputs,
             settings=checks.settings,

@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from .keras_inputs import pass_read
+
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
@@ -49,8 +51,7 @@ class BatchServer:
             if self._served[key] >= workers:
                 self._loading.pop(key, None)
                 del self._served[key]
-                if key[3] and hasattr(self._datasets[key[0]], "on_epoch_end"):  # as fit calls it after each pass
-                    self._datasets[key[0]].on_epoch_end()
+                pass_read(self._datasets[key[0]], key)  # once every worker has its last batch
         return result
 
     def load_count(self) -> int:

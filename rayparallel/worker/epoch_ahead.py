@@ -34,8 +34,12 @@ class EpochAhead:
     def epoch(self, epoch: int) -> Iterator[Any]:
         """Epoch `epoch`'s batches: opened ahead by the epoch before, or now."""
         started = time.perf_counter()
-        batches, first = self._opened(epoch)
-        batch = first.result()  # the wait for the plan's start-up, if any is left
+        ahead, self._next = self._next, None
+        if ahead is not None and ahead[0] == epoch:
+            batches, batch = ahead[1], ahead[2].result()  # the wait for the plan's start-up, if any is left
+        else:
+            batches = self.open_epoch(epoch)
+            batch = next(batches, None)
         if self.start_up_s is None:
             self.start_up_s = time.perf_counter() - started
         step_started = time.perf_counter()
@@ -54,15 +58,6 @@ class EpochAhead:
         """
         left, done = self.steps - step, step - 1
         return left <= 0 or (done > 0 and left * seconds / done <= LEAD * (self.start_up_s or 0.0))
-
-    def _opened(self, epoch: int) -> tuple[Iterator[Any], Future]:
-        ahead, self._next = self._next, None
-        if ahead is not None and ahead[0] == epoch:
-            return ahead[1], ahead[2]
-        batches = self.open_epoch(epoch)
-        first: Future = Future()
-        first.set_result(next(batches, None))
-        return batches, first
 
     def _open_ahead(self, epoch: int) -> None:
         batches = self.open_epoch(epoch)

@@ -46,7 +46,7 @@ class DataSource:
     datasets: datasets.DatasetInput | None = None  # Ray Data: the counts and columns; the plans go to Ray Train
     keras_input: bool = False  # the loader returns datasets: every worker calls it, but for served ones
     served: keras_inputs.KerasInput | None = None  # PyDatasets: their batches come from `batch_server`
-    batch_server: ActorHandle | None = None  # started by the driver (`launch.in_object_store`)
+    batch_server: ActorHandle | None = None  # started by the driver (`launch.shared_with_workers`)
 
 
 def open_feed(

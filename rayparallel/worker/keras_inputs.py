@@ -184,9 +184,14 @@ def batch_keys(name: str, length: int | None, first_pass: int, read_on: bool, se
 
 def _local(dataset: Any, key: tuple) -> Any:
     element = dataset[key[2]]
-    if key[3] and hasattr(dataset, "on_epoch_end"):  # as fit calls it after each pass
-        dataset.on_epoch_end()
+    pass_read(dataset, key)
     return element
+
+
+def pass_read(dataset: Any, key: tuple) -> None:
+    """After the last batch of a pass (`batch_keys`), the PyDataset's `on_epoch_end`, as fit calls it."""
+    if key[3] and hasattr(dataset, "on_epoch_end"):
+        dataset.on_epoch_end()
 
 
 def epoch_batches(batches: Iterator[tuple], steps: int, batch_size: int) -> Iterator[tuple]:

@@ -41,6 +41,7 @@ from ..worker.feed import DataSource
 from ..worker.keras_inputs import KerasInput
 from ..worker.loop import train_loop_per_worker
 from . import connect as cluster
+from .abort import CONTROLLER_EVENT, ControllerAnnounced, abort_training
 from .backend import TensorflowBackendConfig, trainer_class
 from .progress import ConsoleProgress, describe_resize, format_logs
 from .run_state import RunPlan, folder_held
@@ -198,6 +199,7 @@ def _trainer(run: Launch, actor: ActorHandle, scaling_config: ScalingConfig) -> 
             storage_path=run.storage_path,
             checkpoint_config=CheckpointConfig(num_to_keep=spec.run.checkpoints_to_keep),
             failure_config=FailureConfig(max_failures=spec.failure.max_failures),
+            callbacks=[ControllerAnnounced(actor)],
         ),
     )
 
@@ -283,12 +285,20 @@ def _run_with_progress(
 
     thread = threading.Thread(target=fit, name="rayparallel-fit", daemon=True)
     thread.start()
-    while True:
-        thread.join(timeout=0.5)
-        for event in ray.get(actor.drain.remote()):
-            show(event)
-        if not thread.is_alive():
-            return outcome.get("error")
+    controller = None
+    try:
+        while True:
+            thread.join(timeout=0.5)
+            for event in ray.get(actor.drain.remote()):
+                if event["kind"] == CONTROLLER_EVENT:
+                    controller = event["handle"]
+                else:
+                    show(event)
+            if not thread.is_alive():
+                return outcome.get("error")
+    except KeyboardInterrupt:
+        abort_training(controller, thread)
+        raise
 
 
 def _scaling_config(spec: JobSpec) -> ScalingConfig:

@@ -206,6 +206,10 @@ class RunRecorder:
     def ping(self) -> bool:
         return True
 
+    def announce(self, kind: str, **fields) -> None:
+        """An event for the driver from a process that has no other way to it (Ray Train's controller)."""
+        self._events.add(kind, **fields)
+
     def drain(self) -> list[dict]:
         """The events since the last call; first, once, `mlflow` when the MLflow run exists."""
         announced = self._mlflow.announcement() if self._mlflow else None

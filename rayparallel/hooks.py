@@ -25,6 +25,12 @@ HOOKS = {
     "address_and_port": "ray.train._internal.utils:get_address_and_port",
     # Ray Train's placement-group cleaner, left out of the trainer's callbacks (cluster/backend.py)
     "placement_group_cleaner": "ray.train.v2._internal.callbacks.placement_group_callback:PlacementGroupCleanerCallback",
+    # Ray Train's autoscaling coordinator, started before the controller asks for it (cluster/connect.py)
+    "autoscaling_coordinator": (
+        "ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator:get_or_create_autoscaling_coordinator"
+    ),
+    # Ray Train's Ray Data callback, left out of a trainer without datasets (cluster/backend.py)
+    "datasets_callback": "ray.train.v2._internal.callbacks.datasets:DatasetsCallback",
     "trainer_default_callbacks": "ray.train.v2.api.data_parallel_trainer:DataParallelTrainer._create_default_callbacks",
     # a Tune trial's session: its cleanup must wait for the run to end
     "train_session": "ray.train._internal.session:get_session",
@@ -55,6 +61,9 @@ ENV_DEFAULTS = {
         # the controller polls its workers this often (default 2 s) and each epoch's report waits
         # for a poll: with the default every epoch of the default job lasted at least 2 s
         "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25",
+        # its watcher (one more actor process per run, started beside the workers' TensorFlow
+        # import) only tells `ray.train.get_preemption_info`, which rayparallel never reads
+        "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
     },
     "elastic_driver": {
         # after a lost node Ray still counts it for a while; the controller waits this long for a

@@ -70,7 +70,7 @@ def test_driver_defaults_last_only_while_the_block_runs(monkeypatch):
     assert os.environ[key] == "7"
 
 
-def test_the_trainer_keeps_ray_trains_callbacks_but_the_placement_group_cleaner(tmp_path):
+def test_the_trainer_keeps_ray_trains_callbacks_but_the_cleaner_and_without_datasets_the_data_one(tmp_path):
     from ray.train import RunConfig, ScalingConfig
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
@@ -79,12 +79,17 @@ def test_the_trainer_keeps_ray_trains_callbacks_but_the_placement_group_cleaner(
     options = dict(
         scaling_config=ScalingConfig(num_workers=1), run_config=RunConfig(name="x", storage_path=str(tmp_path))
     )
-    ours = trainer_class()(lambda: None, backend_config=TensorflowBackendConfig(), **options)
-    ray_own = DataParallelTrainer(lambda: None, backend_config=TensorflowBackendConfig(), **options)
-    kept = [type(c).__name__ for c in ours._create_default_callbacks()]
-    assert kept == [
-        type(c).__name__
-        for c in ray_own._create_default_callbacks()
-        if c.__class__ is not hook("placement_group_cleaner")
-    ]
-    assert "BackendSetupCallback" in kept and "PlacementGroupCleanerCallback" not in kept
+    # a dataset as a function that makes it (Ray Train's own form): no Ray needed to build the trainer
+    for datasets, left_out in (
+        ({}, ("placement_group_cleaner", "datasets_callback")),
+        ({"train": lambda: None}, ("placement_group_cleaner",)),
+    ):
+        ours = trainer_class()(lambda: None, backend_config=TensorflowBackendConfig(), datasets=datasets, **options)
+        ray_own = DataParallelTrainer(
+            lambda: None, backend_config=TensorflowBackendConfig(), datasets=datasets, **options
+        )
+        kept = [type(c).__name__ for c in ours._create_default_callbacks()]
+        unneeded = tuple(hook(name) for name in left_out)
+        assert kept == [type(c).__name__ for c in ray_own._create_default_callbacks() if not isinstance(c, unneeded)]
+        assert "BackendSetupCallback" in kept and "PlacementGroupCleanerCallback" not in kept
+        assert ("DatasetsCallback" in kept) == bool(datasets)

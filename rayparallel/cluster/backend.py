@@ -59,20 +59,24 @@ class _TensorflowBackend(Backend):
 
 
 def trainer_class() -> type:
-    """Ray Train's data-parallel trainer without its placement-group cleaner.
+    """Ray Train's data-parallel trainer without its placement-group cleaner, and without its
+    Ray Data callback when the run has no Ray Data datasets.
 
     The cleaner (a detached actor per run) removes the run's placement group once the state
     API does not find the controller alive, and it takes a missing answer as death: on a
     loaded node a live run's workers were destroyed mid-epoch ("its placement group was
     removed"; ray-project/ray#65447 names the false death). The group is the controller's
-    own and goes with it, so nothing is left behind without the cleaner.
+    own and goes with it, so nothing is left behind without the cleaner. The Ray Data
+    callback starts a dataset-manager actor for every worker group, datasets or not: one more
+    process at start-up, beside the workers' TensorFlow import on the same cores.
     """
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-    cleaner = hook("placement_group_cleaner")
+    cleaner, datasets_callback = hook("placement_group_cleaner"), hook("datasets_callback")
 
     class Trainer(DataParallelTrainer):
-        def _create_default_callbacks(self) -> list:  # Ray Train's, the cleaner left out
-            return [c for c in super()._create_default_callbacks() if not isinstance(c, cleaner)]
+        def _create_default_callbacks(self) -> list:  # Ray Train's, the unneeded left out
+            unneeded = (cleaner,) if self.datasets else (cleaner, datasets_callback)
+            return [c for c in super()._create_default_callbacks() if not isinstance(c, unneeded)]
 
     return Trainer

@@ -46,6 +46,17 @@ def connect(worker_logs: bool = False, data_cpus: int = 0) -> bool:
     return True
 
 
+def start_coordinator() -> None:
+    """Ray Train's autoscaling coordinator, started now rather than by the run's controller.
+
+    It is one detached actor per cluster, which the controller creates on first use and then
+    waits for before it starts the worker group: a new process's start on the way to the first
+    step of every run on a new local Ray. Asked for here (not awaited), it starts beside the
+    driver's checks and the recorder; on a cluster that has one already this finds it.
+    """
+    hook("autoscaling_coordinator")()
+
+
 def quiet_ray_data(show: bool) -> None:
     """Ray Data's per-execution lines (plans, progress bars) in the driver only with `worker_logs`."""
     from ray.data import DataContext

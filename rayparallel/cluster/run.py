@@ -45,6 +45,7 @@ def ray_session(job: JobSpec, worker_logs: bool, *, only_for_checks: bool = Fals
     from . import connect
 
     started = connect.connect(worker_logs, data_cpus=connect.DATA_CPUS if job.data.dataset is not None else 0)
+    connect.start_coordinator()
     if job.data.dataset is not None:
         connect.quiet_ray_data(worker_logs)
     try:

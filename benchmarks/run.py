@@ -83,7 +83,7 @@ def time_to_first_step(out: Path, ray_address: str | None = None) -> dict:
     return {"seconds": result["first_step_at"] - launched, "startup": result["startup"]}
 
 
-def tune_trial_startup(out: Path, trials: int = 2) -> dict:
+def tune_trial_startup(out: Path, trials: int = 3) -> dict:
     """A sweep of the default job in this process's Ray, one trial at a time: each trial's seconds from its
     start to its first step (its result.json), their median, and the phases of the first."""
     import rayparallel

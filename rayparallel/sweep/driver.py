@@ -225,7 +225,11 @@ def _tune(
         tune.with_resources(trainable(setup), {"CPU": 0, node: 0.001}),
         param_space={"trial": tune.grid_search([t.id for t in pending])},
         tune_config=tune.TuneConfig(
-            metric=metric, mode=settings.mode, scheduler=scheduler, max_concurrent_trials=concurrent
+            metric=metric,
+            mode=settings.mode,
+            scheduler=scheduler,
+            max_concurrent_trials=concurrent,
+            reuse_actors=True,  # see RayParallelTrial.reset_config
         ),
         run_config=tune.RunConfig(
             name="ray_tune",

@@ -84,6 +84,14 @@ def trainable(setup: TrialSetup) -> type:
             hook("train_session")().finish(timeout=STOP_GRACE_S)
             super().cleanup()
 
+        def reset_config(self, new_config: dict) -> bool:
+            # the sweep reuses a trial's process for the next trial (TensorFlow and Ray Train
+            # already imported: seconds of each trial's start-up); Tune's own reset waits 2 s
+            # for the function's thread and else starts a new process, which would leave this run
+            # to the cleanup above
+            hook("train_session")().finish(timeout=STOP_GRACE_S)
+            return super().reset_config(new_config)
+
     return RayParallelTrial
 
 

@@ -22,3 +22,37 @@ def test_a_replaced_working_directory_is_entered_again(tmp_path):
         assert os.getcwd() == str(folder)
     finally:
         os.chdir(before)
+
+
+def test_mlflows_default_store_is_chosen_without_mlflow_and_the_run_waits_for_its_release(tmp_path, monkeypatch):
+    """The driver leaves MLflow's default to the recorder without importing MLflow; the recorder's run
+    is created only once released (the first step), in the folder's sqlite store even where its own
+    environment names another store, and its records all arrive."""
+    import subprocess
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    from rayparallel.tracking.mlflow_run import MlflowRun
+
+    probe = (
+        "import sys; from rayparallel.tracking.mlflow_run import tracking_uri_as_set as t; "
+        "print(t(None), t('sqlite:///x.db'), 'mlflow' in sys.modules)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    seen = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
+    assert seen.stdout.split() == ["None", "sqlite:///x.db", "False"]
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/elsewhere.db")
+    warnings: list[str] = []
+    run = MlflowRun(None, "held", "run-1", tmp_path / "unlogged.json", warnings.append, tags={"t": "1"})
+    run.log_metrics({"loss": 0.5}, step=1)
+    assert not run.wait_started(1.0) and run.run_id is None  # held: nothing created yet
+    run.release()
+    assert run.wait_started(60), warnings
+    assert run.finish("FINISHED", 60) == [] and not warnings
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    assert run.tracking_uri == store and not (tmp_path / "elsewhere.db").exists()
+    logged = MlflowClient(store).get_run(run.run_id)
+    assert logged.info.status == "FINISHED" and logged.data.metrics == {"loss": 0.5} and logged.data.tags["t"] == "1"

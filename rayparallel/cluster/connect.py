@@ -42,7 +42,9 @@ def connect(worker_logs: bool = False, data_cpus: int = 0) -> bool:
         return False
     if data_cpus:  # the workers take a CPU each: Ray Data's tasks would wait for one forever
         quiet["num_cpus"] = (os.cpu_count() or 1) + data_cpus
-    ray.init(address="local", runtime_env=env, log_to_driver=worker_logs, **quiet)  # never a stale `ray start`
+    # never a stale `ray start`; no dashboard: its ten processes take 1.7 s of the start and CPU from the
+    # workers for a UI that ends with the run (for Ray's dashboard, `ray start --head` and runs join it)
+    ray.init(address="local", include_dashboard=False, runtime_env=env, log_to_driver=worker_logs, **quiet)
     return True
 
 

@@ -34,7 +34,7 @@ from ..result import TrainResult, describe_stop
 from ..secrets import mask, mask_text
 from ..spec import JobSpec
 from ..startup import describe, relative
-from ..tracking.mlflow_run import chosen_tracking_uri
+from ..tracking.mlflow_run import tracking_uri_as_set
 from ..worker.batch_server import start_batch_server
 from ..worker.datasets import rank_shards
 from ..worker.feed import DataSource
@@ -327,7 +327,7 @@ def _tracking_config(run: Launch) -> dict | None:
     if not spec.mlflow.enabled:
         return None
     return {
-        "tracking_uri": chosen_tracking_uri(spec.mlflow.tracking_uri),
+        "tracking_uri": tracking_uri_as_set(spec.mlflow.tracking_uri),
         "experiment": spec.mlflow.experiment or spec.name,
         "run_name": spec.mlflow.run_name or state.ray_run_name,
         "tags": dict(mask(spec.mlflow.tags), **{"rayparallel.ray_run_name": state.ray_run_name}),

@@ -81,6 +81,8 @@ class RunRecorder:
         self._mlflow = MlflowRecord(spec, tracking, self._warn) if tracking else None
         if acknowledged:
             self._carry_on(acknowledged)
+            if self._mlflow and "first_step_done" in self._startup:
+                self._mlflow.first_step_done()
         self._startup.setdefault("recorder_ready", time.time())  # up beside the worker group, not before it
         self._record_journal()  # at once: a restart must never read an earlier run's journal
 
@@ -140,6 +142,8 @@ class RunRecorder:
         self._startup.setdefault(phase, at)
         if phase == "first_step_done":
             self._registry.first_step_done(at)
+            if self._mlflow:
+                self._mlflow.first_step_done()
         self._record_journal()
 
     def best_value(self) -> float | None:

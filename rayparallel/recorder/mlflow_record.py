@@ -34,6 +34,10 @@ class MlflowRecord:
         """None until the MLflow run exists (its delivery thread creates or reopens it)."""
         return self._run.run_id
 
+    def first_step_done(self) -> None:
+        """The MLflow run is created now (see `MlflowRun.release`)."""
+        self._run.release()
+
     def workers_changed(self, world: int, global_step: int) -> None:
         self._run.log_metrics({"num_workers": world}, step=global_step)
 

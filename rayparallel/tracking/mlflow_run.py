@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -57,6 +58,18 @@ def chosen_tracking_uri(configured: str | None) -> str:
     return mlflow.get_tracking_uri()
 
 
+def tracking_uri_as_set(configured: str | None) -> str | None:
+    """What `chosen_tracking_uri` gives when the choice is made here: the job's, the one of an MLflow
+    this process imported (`mlflow.set_tracking_uri`), `MLFLOW_TRACKING_URI`; None when MLflow's default
+    is left, which the process that logs resolves in the same folder. The driver does not import MLflow
+    for it: a second of CPU on the way to the first step."""
+    if configured:
+        return configured
+    if "mlflow" in sys.modules:
+        return sys.modules["mlflow"].get_tracking_uri()
+    return os.environ.get("MLFLOW_TRACKING_URI") or None
+
+
 def open_run(client: Any, tracking_uri: str, experiment: str, run_name: str, run_id: str | None) -> tuple[str, str]:
     """(experiment id, run id): the run `run_id` reopened as RUNNING (a resume), else a new run."""
     if run_id:
@@ -93,10 +106,14 @@ def enter_working_directory(path: str) -> None:
         os.chdir(path if os.path.isdir(path) else Path(path).anchor)
 
 
+# The longest the delivery thread waits for `release` (the run's first step) before it starts.
+HOLD_S = 20.0
+
+
 class MlflowRun:
     def __init__(
         self,
-        tracking_uri: str,
+        tracking_uri: str | None,  # None: MLflow's default store (resolved once needed, see `tracking_uri`)
         experiment: str,
         run_name: str,
         unlogged_path: Path,
@@ -106,7 +123,7 @@ class MlflowRun:
         inputs: list[dict] | None = None,
     ):
         set_env_defaults("mlflow")  # the recorder's process: MLflow's own retries would hold up the queue
-        self.tracking_uri, self.experiment, self.run_name = tracking_uri, experiment, run_name
+        self._tracking_uri, self.experiment, self.run_name = tracking_uri, experiment, run_name
         self.run_id: str | None = resume_run_id
         self.unlogged_path = unlogged_path
         self.experiment_id: str | None = None
@@ -114,6 +131,7 @@ class MlflowRun:
         self._queue: deque = deque()
         self._cond = threading.Condition()
         self._started = threading.Event()
+        self._released = threading.Event()  # see `release`
         self._closing = False
         self._failing_since: float | None = None
         self.last_error: str | None = None  # why the newest failed delivery failed (kept with what is left)
@@ -126,6 +144,14 @@ class MlflowRun:
         if inputs:  # the datasets trained on, as mlflow.log_input records them (MLflow keeps one per digest)
             self._queue.append(("inputs", {"inputs": inputs}))
         self._thread.start()
+
+    @property
+    def tracking_uri(self) -> str:
+        if self._tracking_uri is None:  # MLflow's default store, in this process's folder (the driver's)
+            # the driver had none set: a cluster's MLFLOW_TRACKING_URI in this process must not choose another
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+            self._tracking_uri = chosen_tracking_uri(None)
+        return self._tracking_uri
 
     # -- queueing (never blocks on the network) -------------------------------------------
     def log_params(self, params: dict) -> None:
@@ -144,6 +170,11 @@ class MlflowRun:
     def log_model(self, build: Callable[[], Any], registered_model_name: str | None) -> None:
         self._put("model", {"build": build, "registered_model_name": registered_model_name})
 
+    def release(self) -> None:
+        """Deliver from now on. Until then (at most `HOLD_S`) the thread waits, so that MLflow's
+        import and the run's creation (seconds of CPU) do not compete with the workers' start-up."""
+        self._released.set()
+
     def wait_started(self, timeout: float) -> bool:
         return self._started.wait(timeout)
 
@@ -155,6 +186,7 @@ class MlflowRun:
     def finish(self, status: str, timeout: float) -> list[str]:
         """End the run as `status`; returns what could not be delivered within `timeout`."""
         self._put("end", {"status": status})
+        self.release()
         deadline = time.monotonic() + timeout
         with self._cond:
             self._closing = True
@@ -173,6 +205,7 @@ class MlflowRun:
             self._cond.notify_all()
 
     def _deliver(self) -> None:
+        self._released.wait(HOLD_S)
         backoff = 1.0
         while True:
             with self._cond:

@@ -63,10 +63,8 @@ def tracking_uri_as_set(configured: str | None) -> str | None:
     this process imported (`mlflow.set_tracking_uri`), `MLFLOW_TRACKING_URI`; None when MLflow's default
     is left, which the process that logs resolves in the same folder. The driver does not import MLflow
     for it: a second of CPU on the way to the first step."""
-    if configured:
-        return configured
-    if "mlflow" in sys.modules:
-        return sys.modules["mlflow"].get_tracking_uri()
+    if configured or "mlflow" in sys.modules:
+        return chosen_tracking_uri(configured)
     return os.environ.get("MLFLOW_TRACKING_URI") or None
 
 
@@ -123,6 +121,8 @@ class MlflowRun:
         inputs: list[dict] | None = None,
     ):
         set_env_defaults("mlflow")  # the recorder's process: MLflow's own retries would hold up the queue
+        if tracking_uri is None:  # the driver had none set: a cluster's MLFLOW_TRACKING_URI here must not choose
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
         self._tracking_uri, self.experiment, self.run_name = tracking_uri, experiment, run_name
         self.run_id: str | None = resume_run_id
         self.unlogged_path = unlogged_path
@@ -148,9 +148,7 @@ class MlflowRun:
     @property
     def tracking_uri(self) -> str:
         if self._tracking_uri is None:  # MLflow's default store, in this process's folder (the driver's)
-            # the driver had none set: a cluster's MLFLOW_TRACKING_URI in this process must not choose another
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-            self._tracking_uri = chosen_tracking_uri(None)
+            self._tracking_uri = chosen_tracking_uri(None)  # imports MLflow: not before it is needed
         return self._tracking_uri
 
     # -- queueing (never blocks on the network) -------------------------------------------

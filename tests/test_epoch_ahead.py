@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from rayparallel.worker.epoch_ahead import EpochAhead
+from rayparallel.data.epoch_ahead import EpochAhead
 
 
 class Epochs:

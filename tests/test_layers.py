@@ -23,12 +23,13 @@ FLOORS = {
     "tracking": 2,
     "checkpoint": 3,
     "recorder": 4,
-    "worker": 5,
-    "cluster": 6,
-    "sweep": 7,  # many runs, each the one run path of cluster/run.py, scheduled by Ray Tune
-    "api": 8,
-    "cli": 8,
-    "__init__": 8,
+    "data": 5,  # what a worker trains on: arrays, Ray Data, Keras datasets (run in workers, the driver, actors)
+    "worker": 6,
+    "cluster": 7,
+    "sweep": 8,  # many runs, each the one run path of cluster/run.py, scheduled by Ray Tune
+    "api": 9,
+    "cli": 9,
+    "__init__": 9,
 }
 
 

@@ -55,7 +55,7 @@ def test_streams_from_ray_data_train_the_loader_model(ray_address, tmp_path):
 def test_shuffle_from_ray_data_uses_each_row_once_and_finishes_with_uneven_shares(ray_address, tmp_path):
     """101 rows, global batch 8, 2 workers: every epoch 12 steps on each, no row twice, fewer than 8 left
     out, a new order each epoch; and a real 2-worker run of 2 epochs over them finishes."""
-    from rayparallel.worker.datasets import open_datasets, rank_shards, shard_batches
+    from rayparallel.data.datasets import open_datasets, rank_shards, shard_batches
 
     write_rows(tmp_path, 101)
     spec = {

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from rayparallel.data.shards import Split, batches, class_weights, epoch_order, worker_rows
 from rayparallel.errors import DataError
-from rayparallel.worker.shards import Split, batches, class_weights, epoch_order, worker_rows
 
 
 def test_streams_each_worker_owns_a_fixed_ordered_slice_of_streams():
@@ -85,7 +85,7 @@ class _StoredStream:
 
 
 def test_stream_major_rows_step_in_lockstep_across_chunks():
-    from rayparallel.worker.datasets import lockstep
+    from rayparallel.data.datasets import lockstep
 
     steps = list(lockstep([_StoredStream(s, 7) for s in (2, 3, 4)], chunk_rows=3))  # chunks of 3, 3, 1 rows
     assert len(steps) == 7
@@ -97,7 +97,7 @@ def test_stream_major_rows_step_in_lockstep_across_chunks():
 
 
 def test_a_streams_dataset_is_t_major_or_stream_major_from_its_first_rows():
-    from rayparallel.worker.datasets import STREAM_MAJOR, T_MAJOR, stored_order
+    from rayparallel.data.datasets import STREAM_MAJOR, T_MAJOR, stored_order
 
     def rows(stream, t):
         return {"stream": np.array(stream), "t": np.array(t)}

@@ -25,6 +25,10 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ..checkpoint.manifest import set_aside
 from ..console import Say, continue_with, interrupted, printer
+from ..data.batch_server import start_batch_server
+from ..data.datasets import rank_shards
+from ..data.feed import DataSource
+from ..data.keras_inputs import KerasInput
 from ..errors import RayParallelError, RunFailedError, StepTimeoutError, first_line
 from ..files import WriteError, atomic_write_text
 from ..hooks import env_defaults
@@ -35,10 +39,6 @@ from ..secrets import mask, mask_text
 from ..spec import JobSpec
 from ..startup import describe, relative
 from ..tracking.mlflow_run import tracking_uri_as_set
-from ..worker.batch_server import start_batch_server
-from ..worker.datasets import rank_shards
-from ..worker.feed import DataSource
-from ..worker.keras_inputs import KerasInput
 from ..worker.loop import train_loop_per_worker
 from . import connect as cluster
 from .abort import CONTROLLER_EVENT, ControllerAnnounced, abort_training

@@ -25,7 +25,7 @@ from ..spec.references import add_search_path
 if TYPE_CHECKING:
     from ..result import TrainResult
     from ..spec import JobSpec
-    from ..worker.preflight import Preflight
+    from .preflight import Preflight
 
 
 @contextlib.contextmanager
@@ -65,7 +65,7 @@ def needs_ray_for_checks(job: JobSpec) -> bool:
 
 def checked_job(job: JobSpec, native_logs: bool = False, working_dir: str | None = None) -> Preflight:
     """The workers' own checks, run here first: imports (from the working directory), data, the replica."""
-    from ..worker.preflight import preflight
+    from .preflight import preflight
 
     add_search_path([working_dir or os.getcwd()])
     return preflight(job, native_logs=native_logs)

@@ -19,16 +19,16 @@ import numpy as np
 from ..checkpoint.client import CheckpointClient
 from ..checkpoint.policy import FINAL, Saved, SaveDecision
 from ..checkpoint.resume_state import position_name, unused_name
+from ..data.feed import DataSource, open_feed
 from ..errors import NonFiniteLossError
 from ..model import build_model
 from ..spec import JobSpec
 from ..spec.references import add_search_path
 from ..spec.schema import rank_rows
-from . import compiled, outputs, own_step, replica, resume
+from . import compile_objects, compiled, outputs, own_step, replica, resume
 from .batch_norm import BatchNormSync
 from .cadence import ProgressCadence
 from .callbacks import Callbacks, make_callbacks
-from .feed import DataSource, open_feed
 from .memory import MemoryWatch
 from .step import EpochFigures, Steps
 from .sync import (
@@ -88,7 +88,7 @@ class WorkerRun:
             self.model = build_model(spec.model, self.per_worker, spec.train.dtype_policy)
             train = compiled.resolve(spec.train, self.model, check=False)  # the driver checked
             own = own_step.overridden(self.model)
-            self.optimizer = replica.make_optimizer(train.optimizer)
+            self.optimizer = compile_objects.make_optimizer(train.optimizer)
             self.output_names = names = outputs.output_names(self.model)
             sample_y = outputs.targets_by_output(self.feed.sample_y, names, "train")
             if own:  # its step reads self.optimizer and compile's loss and metrics, built before its trace
@@ -96,7 +96,7 @@ class WorkerRun:
                 batch = own_step.first_rows((self.feed.sample_x, sample_y), self.per_worker)
                 self.model._symbolic_build(data_batch=batch)
             self.optimizer.build(self.model.trainable_variables)  # not lazily inside the compiled step
-        replica.accumulate_schedule(self.optimizer, spec.train.gradient_accumulation_steps)
+        compile_objects.accumulate_schedule(self.optimizer, spec.train.gradient_accumulation_steps)
         compress_gradients(self.optimizer, spec.train.gradient_compression)
         if own:
             own_step.one_process_losses()

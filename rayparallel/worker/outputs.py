@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DataError, SpecError, describe
-from . import replica
+from . import compile_objects
 
 if TYPE_CHECKING:
     import keras
@@ -69,11 +69,13 @@ def make_heads(train: TrainSpec, model: keras.Model, y: Any) -> list[Head]:
     metrics = _by_output(train.metrics, names, "train.metrics", required=False, default=[])
     heads = []
     for name, y_k, shape in zip(names, ys, shapes, strict=True):
-        replica.check_targets(losses[name], y_k, shape, name if len(names) > 1 else "")
-        made = replica.make_metrics(metrics[name], losses[name], y_k, shape)
+        compile_objects.check_targets(losses[name], y_k, shape, name if len(names) > 1 else "")
+        made = compile_objects.make_metrics(metrics[name], losses[name], y_k, shape)
         prefix = f"{name}_" if len(names) > 1 else ""
         heads.append(
-            Head(name, replica.per_sample_loss(losses[name]), weights[name], [(prefix + m.name, m) for m in made])
+            Head(
+                name, compile_objects.per_sample_loss(losses[name]), weights[name], [(prefix + m.name, m) for m in made]
+            )
         )
     return heads
 

@@ -16,13 +16,14 @@ import numpy as np
 
 from ..checkpoint.policy import check_against_metrics, files_kept
 from ..checkpoint.writer import weight_file_bytes
+from ..data import datasets, keras_inputs, shards
+from ..data.feed import DataSource
 from ..errors import DataError, SpecError
 from ..model import build_model
 from ..quiet import import_tensorflow
 from ..spec import JobSpec, Shard
-from . import compiled, datasets, keras_inputs, outputs, own_step, replica, shards
-from .callbacks import callback_classes
-from .feed import DataSource
+from ..worker import compile_objects, compiled, outputs, own_step, replica
+from ..worker.callbacks import callback_classes
 
 if TYPE_CHECKING:
     import keras
@@ -86,7 +87,7 @@ def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
         own_step.check_job(spec, own, weighted=data.weighted)
     if data.sample_x is not None:
         check_inputs(model, data.sample_x, "data.x" if spec.data.dataset is not None else "data.loader x_train")
-    optimizer = replica.make_optimizer(train.optimizer)
+    optimizer = compile_objects.make_optimizer(train.optimizer)
     names = outputs.output_names(model)
     y_train = outputs.targets_by_output(data.targets, names, "train")
     y_val = outputs.targets_by_output(data.val_targets, names, "val") if data.val_targets is not None else None

@@ -17,8 +17,6 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from .keras_inputs import pass_read
-
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
@@ -62,6 +60,12 @@ class BatchServer:
         split, _, index, _ = key
         self.loads += 1
         return self._datasets[split][index]
+
+
+def pass_read(dataset: Any, key: tuple) -> None:
+    """After the last batch of a pass (`keras_inputs.batch_keys`), the PyDataset's `on_epoch_end`, as fit calls it."""
+    if key[3] and hasattr(dataset, "on_epoch_end"):
+        dataset.on_epoch_end()
 
 
 def start_batch_server(datasets: dict[str, Any]) -> ActorHandle:

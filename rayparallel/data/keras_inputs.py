@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError, SpecError, describe, first_line
+from .batch_server import pass_read, served
 
 
 @dataclass
@@ -161,8 +162,6 @@ def global_batches(
                 return
     keys = batch_keys(name, split.length, first_pass, split.read_on, seed)
     if server is not None:
-        from .batch_server import served
-
         elements = served(server, keys, workers)
     else:
         elements = (_local(split.dataset, key) for key in keys)
@@ -186,12 +185,6 @@ def _local(dataset: Any, key: tuple) -> Any:
     element = dataset[key[2]]
     pass_read(dataset, key)
     return element
-
-
-def pass_read(dataset: Any, key: tuple) -> None:
-    """After the last batch of a pass (`batch_keys`), the PyDataset's `on_epoch_end`, as fit calls it."""
-    if key[3] and hasattr(dataset, "on_epoch_end"):
-        dataset.on_epoch_end()
 
 
 def epoch_batches(batches: Iterator[tuple], steps: int, batch_size: int) -> Iterator[tuple]:

@@ -41,8 +41,13 @@ HOOKS = {
     "default_variable_creator": "tensorflow.python.ops.resource_variable_ops:default_variable_creator_v2",
     # loss scaling: whether a cond may hold the optimizer's update in replica context
     "no_merge_call": "tensorflow:__internal__.distribute.strategy_supports_no_merge_call",
-    # a model's own step: Keras' per-replica loss scaling off (worker/own_step.py)
+    # a model's own step: Keras' per-replica loss scaling off (worker/own_step.py); our step: Keras'
+    # loss reduction with global divisors, its mask merge and rank matching (worker/loss_reduction.py)
     "keras_losses": "keras.src.losses.loss",
+    "keras_apply_mask": "keras.src.losses.loss:apply_mask",
+    "keras_same_rank": "keras.src.losses.loss:squeeze_or_expand_to_same_rank",
+    # a loss function wrapped as compile wraps it (keras.losses exports no such class)
+    "keras_loss_function_wrapper": "keras.src.losses.losses:LossFunctionWrapper",
 }
 
 # Keras 3 optimizer attributes replaced: the all-reduce (compression; clipping after the sum)
@@ -50,9 +55,10 @@ HOOKS = {
 OPTIMIZER_ATTRIBUTES = ("_all_reduce_sum_gradients", "_clip_gradients", "_learning_rate")
 # Keras 3 model and loss-module attributes read or replaced: the settings a builder's compile gave
 # (live objects; get_compile_config drops some, e.g. Huber's delta), Keras' own build of compile's
-# metrics before a model's own step is traced, and the loss scaling that step runs without.
+# metrics before a model's own step is traced, the loss scaling that step runs without, and the
+# loss reduction our step makes global.
 MODEL_ATTRIBUTES = ("_compile_config", "_symbolic_build")
-LOSS_SCALING = ("scale_loss_for_distribution", "unscale_loss_for_distribution")
+LOSS_MODULE_ATTRIBUTES = ("scale_loss_for_distribution", "unscale_loss_for_distribution", "reduce_weighted_values")
 
 # Environment defaults, by the process that reads them; a user's own setting always wins.
 ENV_DEFAULTS = {

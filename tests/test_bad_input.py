@@ -162,8 +162,8 @@ CNN = {
         (
             REGRESSOR,
             ["data.kwargs.bad_weights=1"],
-            "data.loader: expected sample_weight_train with one weight per row of y_train, shape (96,), received "
-            "shape (95,)",
+            "data.loader: expected sample_weight_train with one weight per row of y_train (shape (96,), or (96, "
+            "timesteps) per token), received shape (95,)",
         ),
         (
             REGRESSOR,

@@ -11,7 +11,7 @@ import pytest
 from rayparallel.hooks import (
     ENV_DEFAULTS,
     HOOKS,
-    LOSS_SCALING,
+    LOSS_MODULE_ATTRIBUTES,
     MODEL_ATTRIBUTES,
     OPTIMIZER_ATTRIBUTES,
     env_defaults,
@@ -41,7 +41,7 @@ def test_the_model_and_loss_attributes_read_or_replaced_exist():
     loss = keras.losses.Huber(delta=0.5)
     model.compile(loss=loss)
     missing = [name for name in MODEL_ATTRIBUTES if not hasattr(model, name)]
-    missing += [name for name in LOSS_SCALING if not hasattr(hook("keras_losses"), name)]
+    missing += [name for name in LOSS_MODULE_ATTRIBUTES if not hasattr(hook("keras_losses"), name)]
     assert not missing, f"keras {keras.__version__} lacks {missing}"
     assert model._compile_config.config["loss"] is loss  # the live object: Huber's get_config drops its delta
 

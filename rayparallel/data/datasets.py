@@ -123,7 +123,7 @@ def features(batch: dict[str, np.ndarray], names: str | list[str]) -> Any:
 
 def shard_batches(
     shard: Any, opened: DatasetInput, steps: int, per_worker: int, streams: range, shuffle_seed: int | None
-) -> Iterator[tuple[Any, Any, np.ndarray]]:
+) -> Iterator[tuple[Any, Any, None]]:
     """This worker's `steps` batches of an epoch from its `ray.train.get_dataset_shard` iterator.
 
     Exactly `steps` batches on every worker, or an error naming the worker: one that ran out
@@ -137,7 +137,6 @@ def shard_batches(
         batches = lockstep(shard)
     else:
         batches = iter(shard.iter_batches(batch_size=per_worker, batch_format="numpy", drop_last=True, **options))
-    ones = np.ones(per_worker, "float32")
     for step in range(steps):
         batch = next(batches, None)
         if batch is None:
@@ -147,7 +146,7 @@ def shard_batches(
             )
         if opened.layout == "streams":
             _check_step(batch, streams, step)
-        yield features(batch, opened.x), features(batch, opened.y), ones
+        yield features(batch, opened.x), features(batch, opened.y), None  # no sample weights
     for _ in batches:  # the rest (under one batch) so Ray's split can start the next epoch
         pass
 

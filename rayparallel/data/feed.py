@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     import ray
     from ray.actor import ActorHandle
 
-Batch = tuple[Any, Any, np.ndarray]  # x, y, one weight per row
+Batch = tuple[Any, Any, np.ndarray | None]  # x, y, sample weights (None: none, as fit passes them)
 
 
 @dataclass
@@ -210,7 +210,6 @@ class KerasInputFeed(Feed):
         self.server, self.world = server, world
         self._val_passes = 0
         self.rows = slice(*rank_rows(batch, world, rank))
-        self._ones = np.ones(self.rows.stop - self.rows.start, "float32")  # x * 1.0 is exact
         self.steps = opened.train.steps
         self.val_steps = opened.val.steps if opened.val else 0
         x, y, _ = opened.train.first
@@ -246,4 +245,4 @@ class KerasInputFeed(Feed):
         x, y, w = (shards.take(part, self.rows) if part is not None else None for part in batch)
         if class_weight is not None:
             w = shards.class_weights(y, class_weight)
-        return x, y, self._ones if w is None else np.asarray(w, "float32")
+        return x, y, None if w is None else np.asarray(w, "float32")

@@ -146,10 +146,10 @@ def _weights(weights: Any, split: Split, name: str) -> np.ndarray | None:
     if weights is None:
         return None
     array = np.asarray(weights, dtype="float32")
-    if array.shape != (split.rows,):
+    if array.ndim == 0 or array.shape[0] != split.rows:
         raise DataError(
-            f"data.loader: expected sample_weight_{name} with one weight per row of y_{name}, shape ({split.rows},), "
-            f"received shape {array.shape}"
+            f"data.loader: expected sample_weight_{name} with one weight per row of y_{name} (shape ({split.rows},), or "
+            f"({split.rows}, timesteps) per token), received shape {array.shape}"
         )
     return array
 
@@ -203,7 +203,7 @@ def take(x: Any, rows: Any) -> Any:
     return x[rows]
 
 
-def batches(split: Split, rows: np.ndarray, per_worker: int) -> Iterator[tuple[Any, np.ndarray, np.ndarray]]:
+def batches(split: Split, rows: np.ndarray, per_worker: int) -> Iterator[tuple[Any, np.ndarray, np.ndarray | None]]:
     """This worker's rows as full per-worker batches, in step order.
 
     One small gather per step, fed straight to the compiled step: the arrays stay where they
@@ -212,10 +212,9 @@ def batches(split: Split, rows: np.ndarray, per_worker: int) -> Iterator[tuple[A
     threads (prefetch, autotune) wait for a time slice and stall the step, which halved
     2-worker throughput in some epochs here (benchmarks/RESULTS.md).
     """
-    ones = np.ones(per_worker, "float32")  # x * 1.0 is exact
     for start in range(0, len(rows) - per_worker + 1, per_worker):
         batch = rows[start : start + per_worker]
-        w = split.w[batch] if split.w is not None else ones
+        w = split.w[batch] if split.w is not None else None  # None: Keras' loss without weights, as fit calls it
         yield take(split.x, batch), take(split.y, batch), w
 
 

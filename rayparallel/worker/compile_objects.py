@@ -6,10 +6,10 @@ match what Keras users see from `fit`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..errors import DataError, SpecError, first_line
+from .loss_reduction import keras_loss
 
 if TYPE_CHECKING:
     import keras
@@ -70,28 +70,17 @@ def _with_schedule(identifier: str | dict) -> str | dict:
     return {**identifier, "config": {**identifier["config"], "learning_rate": schedule}}
 
 
-def per_sample_loss(identifier: str | dict) -> Callable:
-    """A function (y_true, y_pred) -> one loss value per row, before any batch reduction."""
-    import keras
-    from keras import ops
-
+def make_loss(identifier: str | dict) -> keras.losses.Loss:
+    """The Keras `Loss` `compile` makes of a name, a {class_name, config} or a live object."""
     try:
-        loss = keras.losses.get(identifier)
+        loss = keras_loss(identifier)
     except (ValueError, TypeError) as exc:
         raise SpecError(
             f"train.loss: expected a Keras loss name or {{class_name, config}}, received {identifier!r} ({exc})"
         ) from None
     if loss is None:
         raise SpecError(f"train.loss: expected a Keras loss name or {{class_name, config}}, received {identifier!r}")
-    elementwise = loss.call if isinstance(loss, keras.losses.Loss) else loss
-
-    def rows(y_true, y_pred):
-        values = elementwise(y_true, ops.cast(y_pred, "float32"))
-        if len(values.shape) > 1:
-            values = ops.mean(ops.reshape(values, (ops.shape(values)[0], -1)), axis=1)
-        return values
-
-    return rows
+    return loss
 
 
 _ACCURACY = ("accuracy", "acc")

@@ -9,7 +9,6 @@ order), and the history uses Keras' names: `loss` (the weighted sum), `<output>_
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +26,7 @@ class Head:
     """One output: the loss on its rows, its weight in the total, its metrics with history names."""
 
     name: str
-    loss: Callable  # (y_true, y_pred) -> one loss value per row
+    loss: keras.losses.Loss  # Keras' own: masks, sample weights, reduction (global: `loss_reduction`)
     weight: float
     metrics: list[tuple[str, keras.metrics.Metric]]
 
@@ -73,9 +72,7 @@ def make_heads(train: TrainSpec, model: keras.Model, y: Any) -> list[Head]:
         made = compile_objects.make_metrics(metrics[name], losses[name], y_k, shape)
         prefix = f"{name}_" if len(names) > 1 else ""
         heads.append(
-            Head(
-                name, compile_objects.per_sample_loss(losses[name]), weights[name], [(prefix + m.name, m) for m in made]
-            )
+            Head(name, compile_objects.make_loss(losses[name]), weights[name], [(prefix + m.name, m) for m in made])
         )
     return heads
 

@@ -1,8 +1,8 @@
 """One training step and one evaluation step, run on this worker's rows inside `strategy.run`.
 
-Each worker's loss is the sum of its per-row losses divided by the *global* batch, so the
-gradients summed over workers (by the optimizer's all-reduce) equal the gradient one device
-would compute for the whole global batch. Loss and metric states accumulate locally and are
+Each worker's loss is Keras' own loss of its rows (masks, sample weights, reduction) divided
+by the *global* divisor (`loss_reduction`), so the gradients summed over workers (by the
+optimizer's all-reduce) equal the gradient one device would compute for the whole global batch. Loss and metric states accumulate locally and are
 summed over workers only when figures are needed (see :class:`EpochFigures`).
 
 Options for GPU workers: `jit_compile` runs forward and backward as one XLA program (the
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..hooks import hook
+from .loss_reduction import global_batch_reduction
 from .sync import Reducer
 
 if TYPE_CHECKING:
@@ -52,13 +53,14 @@ class Steps:
         self.steps_run = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.first_nonfinite = tf.Variable(0, dtype=tf.int64, trainable=False)  # 1-based step, 0: none
         self.loss_scale = LossScale(initial_loss_scale) if initial_loss_scale is not None else None
-        scale = 1.0 / global_batch_size
         replicas = strategy.num_replicas_in_sync
 
         def head_losses(y, y_pred, w):
-            """Each output's loss, Keras' sum_over_batch_size (of the global batch), and their weighted sum."""
+            """Each output's share of its loss over the global batch, and their weighted sum (`w`: None or sample
+            weights, one per row or per element, as `fit` takes them)."""
             ys, preds = _listed(y, len(heads)), _listed(y_pred, len(heads))
-            each = [tf.reduce_sum(h.loss(y_k, p_k) * w) * scale for h, y_k, p_k in zip(heads, ys, preds, strict=True)]
+            with global_batch_reduction(global_batch_size):
+                each = [h.loss(y_k, p_k, w) for h, y_k, p_k in zip(heads, ys, preds, strict=True)]
             return tf.add_n([h.weight * loss for h, loss in zip(heads, each, strict=True)]), each
 
         def forward_backward(x, y, w):
@@ -105,8 +107,8 @@ class Steps:
             y_pred = model(x, training=False)
             self._record(*head_losses(y, y_pred, w), y, y_pred)
 
-        # `w`: one weight per row (ones without sample or class weights); metrics stay unweighted, as
-        # `compile(metrics=...)` are in Keras
+        # `w`: None or the sample (or class) weights; metrics stay unweighted, as `compile(metrics=...)` are in
+        # Keras (a Keras mask on the predictions is theirs to apply, as in `fit`)
         self.train_step = tf.function(lambda x, y, w: strategy.run(train_replica, args=(x, y, w)))
         self.accumulate_step = tf.function(lambda x, y, w: strategy.run(accumulate_replica, args=(x, y, w)))
         self.accumulation_steps = accumulation_steps

@@ -1,0 +1,108 @@
+"""Keras' own losses on each worker's rows, reduced over the global batch.
+
+Each worker calls the Keras `Loss` itself (`Loss.__call__`): its `call`, the Keras mask of the
+predictions (`Embedding(mask_zero=True)`, `Masking`, ...), sample weights of every shape `fit`
+takes and the loss's `reduction`. In one process a mean-reducing loss is the sum over the
+batch's kept elements divided by their count, or by the weights' sum for
+`mean_with_sample_weight`. Under a strategy Keras divides by each replica's own count and by
+the replica count: a mean of per-replica means, wrong whenever the replicas keep different
+counts (uneven padding). Here each worker's share is its own sum divided by the *global*
+divisor, so the shares add up, in the optimizer's gradient all-reduce, to the loss of the
+whole global batch, as one device computes it.
+
+A divisor known from shapes alone (no mask, no weights in it) is scaled by global batch /
+worker rows when the step is traced; one that depends on the data (a mask's count, the
+weights' sum) is summed over the workers: one scalar collective per loss and step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from ..hooks import hook
+
+if TYPE_CHECKING:
+    import keras
+
+MEANS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
+
+_traced = threading.local()  # the global batch while one of our steps is traced
+
+
+@contextlib.contextmanager
+def global_batch_reduction(global_batch: int) -> Iterator[None]:
+    """While a step is traced in this block, Keras' losses divide by global divisors (see module doc).
+
+    Outside it (a model's own step, the driver's checks, anything else in the process) Keras'
+    reduction is unchanged.
+    """
+    _install()
+    before = getattr(_traced, "global_batch", None)
+    _traced.global_batch = global_batch
+    try:
+        yield
+    finally:
+        _traced.global_batch = before
+
+
+def keras_loss(identifier: Any) -> keras.losses.Loss:
+    """The `Loss` object `compile` makes of an identifier: a function is wrapped as Keras wraps it."""
+    import keras
+
+    loss = keras.losses.get(identifier)
+    if loss is None or isinstance(loss, keras.losses.Loss):
+        return loss
+    return hook("keras_loss_function_wrapper")(loss, name=getattr(loss, "__name__", None))
+
+
+def _install() -> None:
+    module = hook("keras_losses")
+    if getattr(module.reduce_weighted_values, "__wrapped__", None) is None:
+        keras_reduce = module.reduce_weighted_values
+
+        def reduce_weighted_values(values, sample_weight=None, mask=None, reduction="sum_over_batch_size", dtype=None):
+            global_batch = getattr(_traced, "global_batch", None)
+            if global_batch is None or reduction not in MEANS:
+                return keras_reduce(values, sample_weight, mask, reduction, dtype)
+            return _globally(keras_reduce, global_batch, values, sample_weight, mask, reduction, dtype)
+
+        reduce_weighted_values.__wrapped__ = keras_reduce
+        module.reduce_weighted_values = reduce_weighted_values
+
+
+def _globally(keras_reduce, global_batch: int, values, sample_weight, mask, reduction: str, dtype):
+    """Keras' weighted sum of this worker's values over the global divisor."""
+    import tensorflow as tf
+    from keras import ops
+
+    values = ops.convert_to_tensor(values, dtype=dtype)
+    rows = values.shape[0] if values.shape.rank else None
+    if rows is None or values.shape.num_elements() == 0:  # a scalar: a mean over its rows, one share per worker
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        return keras_reduce(values, sample_weight, mask, reduction, dtype) / replicas
+    summed = keras_reduce(values, sample_weight, mask, "sum", dtype)  # the mask as 0/1 weights
+    if reduction == "mean_with_sample_weight" and (sample_weight is not None or mask is not None):
+        weights = sample_weight if sample_weight is None else ops.convert_to_tensor(sample_weight, dtype=dtype)
+        weights = hook("keras_apply_mask")(weights, mask, dtype=values.dtype, reduction="sum")
+        _, weights = hook("keras_same_rank")(values, ops.cast(weights, values.dtype))
+        divisor = _summed_over_workers(ops.sum(weights))
+    elif mask is not None:  # Keras: the kept elements' count (`apply_mask`)
+        divisor = _summed_over_workers(ops.sum(ops.cast(mask, values.dtype)))
+    elif values.shape.is_fully_defined():
+        divisor = ops.cast(values.shape.num_elements() * global_batch / rows, values.dtype)
+    else:
+        divisor = _summed_over_workers(ops.cast(ops.size(values), values.dtype))
+    return ops.divide_no_nan(summed, divisor)
+
+
+def _summed_over_workers(value):
+    import tensorflow as tf
+
+    value = tf.stop_gradient(value)
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return value
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, value)

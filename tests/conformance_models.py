@@ -1,0 +1,110 @@
+"""Models and data for the conformance matrix against Keras `fit` (`tests/test_keras_conformance.py`),
+after Keras' guides and keras-io examples: padded sequences (masks, per-token weights), a small
+Transformer with an embedding (sparse gradients) under clipping, a guide's own `train_step`."""
+
+from __future__ import annotations
+
+import numpy as np
+
+VOCAB, TAGS, TOKENS = 20, 4, 12
+
+
+def masked_tagger(batch_size: int, vocab: int = VOCAB, tags: int = TAGS, tokens: int = TOKENS):
+    """The guide "Understanding masking & padding": Embedding(mask_zero=True) -> LSTM -> a tag per token."""
+    import keras
+
+    inputs = keras.Input(batch_shape=(batch_size, tokens), dtype="int32")
+    x = keras.layers.Embedding(vocab, 8, mask_zero=True)(inputs)
+    x = keras.layers.LSTM(8, return_sequences=True)(x)
+    outputs = keras.layers.Dense(tags, activation="softmax")(x)
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def padded_tags(rows: int = 64, val_rows: int = 16, vocab: int = VOCAB, tags: int = TAGS, tokens: int = TOKENS):
+    """Rows of 2 to 12 tokens padded with 0 (tag 0 on the padding: a model that trains on it learns tag 0)."""
+    rng = np.random.default_rng(3)
+    total = rows + val_rows
+    x = np.zeros((total, tokens), "int32")
+    y = np.zeros((total, tokens), "int32")
+    for i, length in enumerate(rng.integers(2, tokens + 1, total)):
+        x[i, :length] = rng.integers(1, vocab, length)
+        y[i, :length] = x[i, :length] % (tags - 1) + 1
+    return {"x_train": x[:rows], "y_train": y[:rows], "x_val": x[rows:], "y_val": y[rows:]}
+
+
+def masked_series(batch_size: int, steps: int = 10, features: int = 3):
+    """A `Masking` layer over zero-padded series, a value per time step (mean squared error, MAE)."""
+    import keras
+
+    inputs = keras.Input(batch_shape=(batch_size, steps, features))
+    x = keras.layers.Masking(mask_value=0.0)(inputs)
+    x = keras.layers.GRU(6, return_sequences=True)(x)
+    outputs = keras.layers.Dense(1)(x)
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+    return model
+
+
+def padded_series(rows: int = 64, val_rows: int = 16, steps: int = 10, features: int = 3, per_token_weights=False):
+    """Series of 3 to 10 steps padded with zeros; with `per_token_weights` a weight per step (rows, steps)."""
+    rng = np.random.default_rng(5)
+    total = rows + val_rows
+    x = np.zeros((total, steps, features), "float32")
+    for i, length in enumerate(rng.integers(3, steps + 1, total)):
+        x[i, :length] = rng.normal(size=(length, features)) + 0.5
+    y = np.cumsum(x.sum(axis=2, keepdims=True), axis=1).astype("float32") * 0.1
+    data = {"x_train": x[:rows], "y_train": y[:rows], "x_val": x[rows:], "y_val": y[rows:]}
+    if per_token_weights:
+        weights = rng.uniform(0.2, 3.0, size=(total, steps)).astype("float32")
+        data.update(sample_weight_train=weights[:rows], sample_weight_val=weights[rows:])
+    return data
+
+
+def clipped_transformer(batch_size: int, tokens: int = 16, vocab: int = 50, clip: str = "global_clipnorm"):
+    """keras-io "Text classification with Transformer", small: embedding (sparse gradients), attention,
+    LayerNorm, compiled with SGD(momentum=0.9) and a clipping setting of 0.5."""
+    import keras
+
+    inputs = keras.Input(batch_shape=(batch_size, tokens), dtype="int32")
+    x = keras.layers.Embedding(vocab, 16)(inputs)
+    attention = keras.layers.MultiHeadAttention(num_heads=2, key_dim=8)(x, x)
+    x = keras.layers.LayerNormalization(epsilon=1e-6)(x + attention)
+    x = keras.layers.GlobalAveragePooling1D()(x)
+    outputs = keras.layers.Dense(2, activation="softmax")(x)
+    model = keras.Model(inputs, outputs)
+    optimizer = keras.optimizers.SGD(0.1, momentum=0.9, **{clip: 0.5})
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def token_classes(rows: int = 64, val_rows: int = 16, tokens: int = 16, vocab: int = 50):
+    """Two classes: whether token ids below 10 are more than a quarter of the row."""
+    rng = np.random.default_rng(7)
+    x = rng.integers(0, vocab, size=(rows + val_rows, tokens)).astype("int32")
+    y = ((x < 10).mean(axis=1) > 0.25).astype("int32")
+    return {"x_train": x[:rows], "y_train": y[:rows], "x_val": x[rows:], "y_val": y[rows:]}
+
+
+def raw_loss_step(batch_size: int, features: int = 4):
+    """The first example of the guide "Customizing what happens in fit()": its `train_step` returns
+    `{"loss": loss}`, the raw loss tensor, with `compile` given only a loss (SGD here, for weights)."""
+    import keras
+    import tensorflow as tf
+
+    class CustomModel(keras.Model):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compute_loss(y=y, y_pred=y_pred)
+            gradients = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply_gradients(zip(gradients, self.trainable_variables, strict=True))
+            return {"loss": loss}
+
+    inputs = keras.Input(batch_shape=(batch_size, features))
+    hidden = keras.layers.Dense(8, activation="tanh")(inputs)
+    model = CustomModel(inputs, keras.layers.Dense(1)(hidden))
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    return model

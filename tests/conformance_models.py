@@ -88,8 +88,8 @@ def token_classes(rows: int = 64, val_rows: int = 16, tokens: int = 16, vocab: i
 
 
 def raw_loss_step(batch_size: int, features: int = 4):
-    """The first example of the guide "Customizing what happens in fit()": its `train_step` returns
-    `{"loss": loss}`, the raw loss tensor, with `compile` given only a loss (SGD here, for weights)."""
+    """After the first example of the guide "Customizing what happens in fit()": its `train_step` returns
+    the raw loss tensor (and a raw mean error), with `compile` given only a loss (SGD here, for weights)."""
     import keras
     import tensorflow as tf
 
@@ -101,10 +101,17 @@ def raw_loss_step(batch_size: int, features: int = 4):
                 loss = self.compute_loss(y=y, y_pred=y_pred)
             gradients = tape.gradient(loss, self.trainable_variables)
             self.optimizer.apply_gradients(zip(gradients, self.trainable_variables, strict=True))
-            return {"loss": loss}
+            return {"loss": loss, "mean_error": keras.ops.mean(keras.ops.abs(y - y_pred))}
 
     inputs = keras.Input(batch_shape=(batch_size, features))
     hidden = keras.layers.Dense(8, activation="tanh")(inputs)
     model = CustomModel(inputs, keras.layers.Dense(1)(hidden))
     model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
     return model
+
+
+def regression_rows():
+    """`tests.models.linear_rows`: 96 training and 32 validation rows of 4 features."""
+    from tests.models import linear_rows
+
+    return linear_rows()

@@ -34,9 +34,11 @@ def final_weights(path: str, builder: Callable) -> list[np.ndarray]:
     return model.get_weights()
 
 
-def max_relative_error(a: list[np.ndarray], b: list[np.ndarray]) -> float:
-    """The largest difference between two weight lists, relative to each tensor's largest value in `b`."""
-    return max(float(np.max(np.abs(x - y)) / (np.max(np.abs(y)) + 1e-12)) for x, y in zip(a, b, strict=True))
+def max_relative_error(a: list[np.ndarray], b: list[np.ndarray], floor: float = 1e-12) -> float:
+    """The largest difference between two weight lists, relative to each tensor's largest value in `b`
+    (or to `floor` when that is smaller: a weight whose true gradient is zero, such as an attention
+    key's bias, holds round-off only)."""
+    return max(float(np.max(np.abs(x - y)) / max(np.max(np.abs(y)), floor)) for x, y in zip(a, b, strict=True))
 
 
 def free_port() -> int:

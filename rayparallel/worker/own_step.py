@@ -8,7 +8,9 @@ is the gradient of the global batch, and the model's trackers see the values the
 see in one process; Keras' own contract (losses scaled by 1/N, gradients summed) gives the
 same gradients but trackers fed the scaled loss report 1/N of it. The trackers' states are
 summed over the workers whenever figures are needed, so the logs are global figures,
-weighted as the trackers weigh them (rows, not a mean of per-worker means).
+weighted as the trackers weigh them (rows, not a mean of per-worker means). Logs whose keys are
+not exactly the metrics' results are taken as `fit` takes them: a fed metric's result, any other
+log (a raw loss tensor) the value of the epoch's last step, averaged over the workers.
 """
 
 from __future__ import annotations
@@ -71,10 +73,7 @@ def compile_for_own_step(model: keras.Model, optimizer: keras.optimizers.Optimiz
 
 
 def trial_step(model: keras.Model, batch: tuple, val_batch: tuple | None) -> tuple[list[str], list[str]]:
-    """The model's steps once, in the driver, on one worker's batch: the history keys they give.
-
-    Only logs that are the model's metric results can be summed over workers into global figures.
-    """
+    """The model's steps once, in the driver, on one worker's batch: the history keys they give."""
     keys = _logs_keys(model, "train_step", batch)
     val_keys = [f"val_{k}" for k in _logs_keys(model, "test_step", val_batch)] if val_batch is not None else []
     return keys, val_keys
@@ -94,13 +93,6 @@ def _logs_keys(model: keras.Model, step: str, batch: tuple) -> list[str]:
     bad = [key for key, value in logs.items() if np.ndim(np.asarray(value)) != 0]
     if bad:
         raise ModelError(f"model.{step}: expected scalar logs, received non-scalar values for {bad}")
-    results = model.get_metrics_result()
-    unknown = [key for key in logs if key not in results]
-    if unknown:
-        raise ModelError(
-            f"model.{step}: expected logs that are results of the model's metrics {sorted(results)} (only those "
-            f"can be summed over workers), received {unknown}"
-        )
     model.reset_metrics()
     return list(logs)
 
@@ -132,7 +124,7 @@ class OwnSteps:
     def __init__(self, strategy: tf.distribute.Strategy, model: keras.Model):
         import tensorflow as tf
 
-        self.model = model
+        self.model, self.strategy = model, strategy
         self.metrics = model.metrics  # built: the worker ran Keras' symbolic build before
         self.loss_total = tf.Variable(0.0, dtype=tf.float64, trainable=False)  # unused: no loss of ours
         self.steps_run = tf.Variable(0, dtype=tf.int64, trainable=False)
@@ -147,12 +139,15 @@ class OwnSteps:
             if "loss" in logs:
                 bad = tf.logical_and(tf.logical_not(tf.math.is_finite(logs["loss"])), tf.equal(self.first_nonfinite, 0))
                 self.first_nonfinite.assign(tf.where(bad, self.steps_run, self.first_nonfinite))
+            return _scalars(logs)
 
         def eval_replica(x, y, w):
-            self.eval_keys = list(model.test_step((x, y)))
+            logs = model.test_step((x, y))
+            self.eval_keys = list(logs)
+            return _scalars(logs)
 
-        self.train_step = tf.function(lambda x, y, w: strategy.run(train_replica, args=(x, y, w)))
-        self.eval_step = tf.function(lambda x, y, w: strategy.run(eval_replica, args=(x, y, w)))
+        self.train_step = KeepsLast(tf.function(lambda x, y, w: strategy.run(train_replica, args=(x, y, w))))
+        self.eval_step = KeepsLast(tf.function(lambda x, y, w: strategy.run(eval_replica, args=(x, y, w))))
 
     def step(self, global_step: int) -> Any:
         return self.train_step
@@ -163,25 +158,70 @@ class OwnSteps:
         self.first_nonfinite.assign(0)
 
 
+def _scalars(logs: dict) -> dict:
+    import tensorflow as tf
+
+    return {key: tf.cast(tf.reshape(value, ()), tf.float64) for key, value in logs.items()}
+
+
+class KeepsLast:
+    """A compiled step that keeps the logs it returned last (this worker's values of its last step)."""
+
+    def __init__(self, function: Any):
+        self.function, self.last = function, {}
+
+    def get_concrete_function(self, *args: Any) -> Any:
+        return self.function.get_concrete_function(*args)
+
+    def __call__(self, *args: Any) -> None:
+        self.last = self.function(*args)
+
+
 class OwnStepFigures(EpochFigures):
-    """The model's metric states summed over all workers, then its own results, under its logs' keys."""
+    """The model's logs as global figures: a metric's result from its states summed over all workers, any
+    other log (a raw loss tensor) the workers' mean of their last step's value, as `fit` keeps the last."""
 
     def running_loss(self, steps_done: int, seconds: float = 0.0) -> float:
-        return self._global_results(seconds).get("loss", float("nan"))
+        return self._global_logs(self._steps.train_step.last, seconds).get("loss", float("nan"))
 
     def collect(self, steps_done: int, prefix: str = "") -> dict[str, float]:
-        results = self._global_results()
-        keys = self._steps.eval_keys if prefix else self._steps.train_keys
-        return {prefix + key: results[key] for key in keys}
+        step = self._steps.eval_step if prefix else self._steps.train_step
+        return {prefix + key: value for key, value in self._global_logs(step.last).items()}
 
-    def _global_results(self, seconds: float = 0.0) -> dict[str, float]:
-        """The local states come back afterwards: the epoch goes on, and a later sum must not count twice."""
-        variables = [v for m in self._steps.metrics for v in m.variables]
+    def _global_logs(self, last: dict, seconds: float = 0.0) -> dict[str, float]:
+        """The local states come back afterwards: the epoch goes on, and a later sum must not count twice.
+
+        Every rank reduces the same arrays (its metric states and its last logs, whatever they are), so
+        which logs count as metric results is decided on the summed states, alike on every rank.
+        """
+        metrics = self._steps.metrics
+        variables = [v for m in metrics for v in m.variables]
         local = [np.asarray(v.numpy()) for v in variables]
-        _, summed = self._reduce(local, seconds)
-        for variable, value in zip(variables, summed, strict=True):
+        own = self._steps.strategy.experimental_local_results
+        values = np.asarray([float(own(value)[0]) for value in last.values()])
+        _, summed = self._reduce(local + [values], seconds)
+        means = dict(zip(last, np.asarray(summed[-1]) / self._world, strict=True))
+        for variable, value in zip(variables, summed, strict=False):
             variable.assign(np.asarray(value).astype(variable.dtype))
-        results = {key: float(np.asarray(value)) for key, value in self._steps.model.get_metrics_result().items()}
+        results, updated = _metric_results(metrics)
         for variable, value in zip(variables, local, strict=True):
             variable.assign(value)
-        return results
+        if set(last) == set(results):  # fit's rule (`_get_metrics_result_or_logs`): the metrics' results
+            return {key: results[key] for key in last}
+        return {key: results[key] if key in updated else float(means[key]) for key in last}
+
+
+def _metric_results(metrics: list[keras.metrics.Metric]) -> tuple[dict[str, float], set[str]]:
+    """The results as `Model.get_metrics_result` names them (compile's metrics by their keys), and the keys
+    of metrics some step fed (summed states not all zero); a metric never built has no result."""
+    results, updated = {}, set()
+    for metric in metrics:
+        try:
+            result = metric.result()
+        except ValueError:  # Keras: "Cannot get result() since the metric has not yet been built"
+            continue
+        named = result if isinstance(result, dict) else {metric.name: result}
+        results.update({key: float(np.asarray(value)) for key, value in named.items()})
+        if any(np.any(np.asarray(v.numpy()) != 0) for v in metric.variables):
+            updated.update(named)
+    return results, updated

@@ -44,10 +44,13 @@ def test_batches_feed_each_worker_its_rows_in_step_order_for_every_input():
     for step, (xb, yb, wb) in enumerate(fed):
         expected = rows[step * 4 : (step + 1) * 4]
         assert (yb == expected).all() and (xb["a"] == expected * 10).all() and (xb["b"] == expected * 100).all()
-        assert (wb == 1.0).all()  # no weights: ones
+        assert wb is None  # no weights: none, as fit passes none to the loss
     weighted = Split(x=x, y=np.arange(20), w=np.arange(20, dtype="float32") / 2)
     for _, yb, wb in batches(weighted, rows, per_worker=4):
         assert (wb == yb / 2).all()  # each row keeps its own weight
+    per_token = Split(x=x, y=np.arange(20), w=np.arange(60, dtype="float32").reshape(20, 3))
+    for _, yb, wb in batches(per_token, np.arange(20), 5):
+        assert wb.shape == (5, 3) and (wb[:, 0] == yb * 3).all()  # a weight per token stays with its row
 
 
 def test_class_weights_by_label_as_keras_fit_makes_them():

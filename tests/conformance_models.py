@@ -47,8 +47,16 @@ def masked_series(batch_size: int, steps: int = 10, features: int = 3):
     return model
 
 
-def padded_series(rows: int = 64, val_rows: int = 16, steps: int = 10, features: int = 3, per_token_weights=False):
-    """Series of 3 to 10 steps padded with zeros; with `per_token_weights` a weight per step (rows, steps)."""
+def padded_series(
+    rows: int = 64,
+    val_rows: int = 16,
+    steps: int = 10,
+    features: int = 3,
+    per_token_weights=False,
+    per_row_weights=False,
+):
+    """Series of 3 to 10 steps padded with zeros; with `per_token_weights` a weight per step (rows, steps), with
+    `per_row_weights` one per row (which a loss per step cannot apply: `fit` fails on it too)."""
     rng = np.random.default_rng(5)
     total = rows + val_rows
     x = np.zeros((total, steps, features), "float32")
@@ -59,6 +67,8 @@ def padded_series(rows: int = 64, val_rows: int = 16, steps: int = 10, features:
     if per_token_weights:
         weights = rng.uniform(0.2, 3.0, size=(total, steps)).astype("float32")
         data.update(sample_weight_train=weights[:rows], sample_weight_val=weights[rows:])
+    if per_row_weights:
+        data.update(sample_weight_train=rng.uniform(0.2, 3.0, size=rows).astype("float32"))
     return data
 
 

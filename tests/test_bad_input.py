@@ -28,6 +28,13 @@ TWO_OUTPUTS = {
     "data": {"loader": "tests.models:levels_and_kinds", "layout": "streams"},
     "train": {"global_batch_size": 8, "loss": {"level": "mse", "kind": "sparse_categorical_crossentropy"}},
 }
+MASKED_SERIES = {
+    "name": "bad",
+    "model": {"builder": "tests.conformance_models:masked_series"},
+    "data": {"loader": "tests.conformance_models:padded_series", "layout": "streams"},
+    "train": {"global_batch_size": 8},
+    "scaling": {"num_workers": 2},
+}
 CNN = {
     "name": "bad",
     "model": {"builder": "tests.models:small_cnn"},
@@ -222,6 +229,12 @@ CNN = {
             CNN,
             ["train.optimizer={class_name: Adam, config: {learning_rate: {class_name: CosineDecy, config: {}}}}"],
             "train.optimizer.config.learning_rate: expected a number or a keras.optimizers.schedules class",
+        ),
+        (
+            MASKED_SERIES,
+            ["data.kwargs.per_row_weights=true"],
+            "data.loader: expected sample weights the loss 'mean_squared_error' can apply to its values (one per row, or "
+            "per element of a loss per token, as fit takes them), received shape (4,) (InvalidArgumentError: ",
         ),
         (
             LSTM,

@@ -18,7 +18,7 @@ from ..checkpoint.policy import check_against_metrics, files_kept
 from ..checkpoint.writer import weight_file_bytes
 from ..data import datasets, keras_inputs, shards
 from ..data.feed import DataSource
-from ..errors import DataError, SpecError
+from ..errors import DataError, SpecError, first_line
 from ..model import build_model
 from ..quiet import import_tensorflow
 from ..spec import JobSpec, Shard
@@ -72,6 +72,7 @@ class _Opened:
     features: Any = None  # training features (as `targets`), for a model's own step
     val_features: Any = None
     weighted: bool = False  # the loader gave sample weights
+    weights: Any = None  # those of the training rows (all, or a dataset's first batch)
 
 
 def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
@@ -97,7 +98,10 @@ def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
         val = own_step.first_rows((data.val_features, y_val), rows) if y_val is not None else None
         train_keys, val_keys = own_step.trial_step(model, own_step.first_rows((data.features, y_train), rows), val)
     else:
-        train_keys = outputs.epoch_keys(outputs.make_heads(train, model, y_train))
+        heads = outputs.make_heads(train, model, y_train)
+        if data.weighted:
+            check_weights(model, heads, (data.features, y_train, data.weights), spec.per_worker_batch_size)
+        train_keys = outputs.epoch_keys(heads)
         val_keys = [f"val_{k}" for k in train_keys] if y_val is not None else []
     check_accumulation(spec, data.steps)
     scale = ["loss_scale"] if spec.train.loss_scale else []
@@ -160,6 +164,7 @@ def _open_data(spec: JobSpec) -> _Opened:
         features=data.train.x,
         val_features=x_val,
         weighted=weighted,
+        weights=data.train.w,
     )
 
 
@@ -188,7 +193,25 @@ def _opened_keras_input(spec: JobSpec, out: dict, batch: int, rank_aware: bool) 
         features=x,
         val_features=val[0],
         weighted=weighted,
+        weights=w,
     )
+
+
+def check_weights(model: keras.Model, heads: list, rows: tuple, per_worker: int) -> None:
+    """Each output's loss once on one worker's rows with their sample weights, as the step calls it: weights of
+    a shape Keras' loss cannot apply (one per row for a loss per token) fail here, in one line, as in `fit`."""
+    x, y, w = own_step.first_rows(rows, per_worker)
+    y_pred = model(x, training=False)
+    ys, preds = (list(y), list(y_pred)) if len(heads) > 1 else ([y], [y_pred])
+    for head, y_k, p_k in zip(heads, ys, preds, strict=True):
+        try:
+            head.loss(y_k, p_k, w)
+        except Exception as exc:  # TensorFlow's shape errors, whatever their class
+            raise DataError(
+                f"data.loader: expected sample weights the loss {head.loss.name!r} can apply to its values (one per row, "
+                f"or per element of a loss per token, as fit takes them), received shape {np.shape(w)} "
+                f"({type(exc).__name__}: {first_line(exc)})"
+            ) from None
 
 
 def check_inputs(model: keras.Model, x: Any, key: str = "data.x") -> None:

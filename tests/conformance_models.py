@@ -125,3 +125,98 @@ def regression_rows():
     from tests.models import linear_rows
 
     return linear_rows()
+
+
+WORDS = ["good", "bad", "film", "plot", "actor", "long", "fun", "dull", "scene", "music"]
+
+
+def reviews(rows: int = 64, val_rows: int = 16, words: int = 6):
+    """Raw text (str, one per row) and whether "good" or "fun" outnumber "bad" or "dull"."""
+    rng = np.random.default_rng(11)
+    texts = [" ".join(rng.choice(WORDS, words)) for _ in range(rows + val_rows)]
+    score = [
+        sum(t.split().count(w) for w in ("good", "fun")) - sum(t.split().count(w) for w in ("bad", "dull"))
+        for t in texts
+    ]
+    x = np.array(texts).reshape(-1, 1)
+    y = (np.array(score) > 0).astype("float32").reshape(-1, 1)
+    return {"x_train": x[:rows], "y_train": y[:rows], "x_val": x[rows:], "y_val": y[rows:]}
+
+
+def text_classifier(batch_size: int, tokens: int = 6):
+    """keras-io "Text classification from scratch", end to end: a `TextVectorization` layer inside the model
+    takes the raw strings (adapted in the builder on the training texts, so every worker's is the same)."""
+    import keras
+
+    vectorize = keras.layers.TextVectorization(max_tokens=len(WORDS) + 2, output_sequence_length=tokens)
+    vectorize.adapt(reviews()["x_train"][:, 0].astype(str))
+    inputs = keras.Input(batch_shape=(batch_size, 1), dtype="string")
+    x = keras.layers.Embedding(len(WORDS) + 2, 8)(vectorize(inputs))
+    x = keras.layers.GlobalAveragePooling1D()(x)
+    model = keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(x))
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="binary_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def review_batches(global_batch_size: int):
+    """The reviews as keras-io feeds them: `tf.data` batches of (text, label) (`fit` takes no NumPy strings)."""
+    import tensorflow as tf
+
+    data = reviews()
+    batched = {
+        split: tf.data.Dataset.from_tensor_slices((data[f"x_{split}"], data[f"y_{split}"])).batch(global_batch_size)
+        for split in ("train", "val")
+    }
+    return {"x_train": batched["train"], "x_val": batched["val"]}
+
+
+def summed_squares():
+    """A `keras.losses.Loss` subclass with `reduction="sum"`: the batch's sum, not its mean."""
+    import keras
+
+    class SummedSquares(keras.losses.Loss):
+        def __init__(self):
+            super().__init__(name="summed_squares", reduction="sum")
+
+        def call(self, y_true, y_pred):
+            return keras.ops.mean(keras.ops.square(y_true - y_pred), axis=-1)
+
+    return SummedSquares()
+
+
+def compiled_two_outputs(batch_size: int, features: int = 4):
+    """A level (regression) and a kind (3 classes) compiled with what `compile` takes beyond one loss: a loss
+    per output (one a `Loss` subclass summing over the batch), loss weights, metrics and weighted metrics, a
+    layer's L2 regularizer, and SGD with momentum, weight decay, clipnorm, EMA and a schedule."""
+    import keras
+
+    inputs = keras.Input(batch_shape=(batch_size, features))
+    hidden = keras.layers.Dense(8, activation="tanh", kernel_regularizer=keras.regularizers.L2(1e-3))(inputs)
+    level = keras.layers.Dense(1, name="level")(hidden)
+    kind = keras.layers.Dense(3, activation="softmax", name="kind")(hidden)
+    model = keras.Model(inputs, {"level": level, "kind": kind})
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.05, decay_steps=4, decay_rate=0.9)
+    optimizer = keras.optimizers.SGD(
+        schedule, momentum=0.9, weight_decay=1e-3, clipnorm=1.0, use_ema=True, ema_momentum=0.9
+    )
+    model.compile(
+        optimizer=optimizer,
+        loss={"level": summed_squares(), "kind": "sparse_categorical_crossentropy"},
+        loss_weights={"level": 0.5, "kind": 2.0},
+        metrics={"level": ["mae"], "kind": ["accuracy"]},
+        weighted_metrics={"level": ["mse"], "kind": []},
+    )
+    return model
+
+
+def weighted_levels_and_kinds():
+    """`tests.models.levels_and_kinds` with a sample weight per row (applied to both outputs, as in `fit`), the
+    levels around 1 (a bias that ends near zero compares round-off against nothing)."""
+    from tests.models import levels_and_kinds
+
+    data = levels_and_kinds()
+    for split in ("train", "val"):
+        data[f"y_{split}"]["level"] = data[f"y_{split}"]["level"] + 1.0
+    rng = np.random.default_rng(13)
+    data["sample_weight_train"] = rng.uniform(0.2, 3.0, size=len(data["x_train"])).astype("float32")
+    return data

@@ -202,8 +202,7 @@ def check_weights(model: keras.Model, heads: list, rows: tuple, per_worker: int)
     a shape Keras' loss cannot apply (one per row for a loss per token) fail here, in one line, as in `fit`."""
     x, y, w = own_step.first_rows(rows, per_worker)
     y_pred = model(x, training=False)
-    ys, preds = (list(y), list(y_pred)) if len(heads) > 1 else ([y], [y_pred])
-    for head, y_k, p_k in zip(heads, ys, preds, strict=True):
+    for head, y_k, p_k in zip(heads, outputs.listed(y, heads), outputs.listed(y_pred, heads), strict=True):
         try:
             head.loss(y_k, p_k, w)
         except Exception as exc:  # TensorFlow's shape errors, whatever their class
@@ -216,7 +215,8 @@ def check_weights(model: keras.Model, heads: list, rows: tuple, per_worker: int)
 
 def check_inputs(model: keras.Model, x: Any, key: str = "data.x") -> None:
     """Ray Data columns (or a dataset's first batch) against the model's inputs: shapes (past the batch)
-    and numbers, not text. Inputs keyed by name are the model's to match."""
+    and numbers, or text for a string input (`TextVectorization`, `StringLookup` inside the model). Inputs
+    keyed by name are the model's to match."""
     if isinstance(x, dict):
         return
     arrays = list(x) if isinstance(x, (tuple, list)) else [x]
@@ -226,8 +226,10 @@ def check_inputs(model: keras.Model, x: Any, key: str = "data.x") -> None:
         wanted = tuple(tensor.shape[1:])
         got = tuple(np.shape(array)[1:])
         fits = len(wanted) == len(got) and all(w is None or w == g for w, g in zip(wanted, got, strict=True))
-        if not fits or not np.issubdtype(np.asarray(array).dtype, np.number):
+        text = tensor.dtype == "string"
+        kind = np.asarray(array).dtype.kind
+        if not fits or kind not in ("OSU" if text else "iufc"):
             raise DataError(
-                f"{key}: expected rows of shape {wanted} and a numeric dtype for the model input {tensor.name!r}, "
-                f"received rows of shape {got} and dtype {np.asarray(array).dtype}"
+                f"{key}: expected rows of shape {wanted} and {'text' if text else 'a numeric dtype'} for the model input "
+                f"{tensor.name!r}, received rows of shape {got} and dtype {np.asarray(array).dtype}"
             )

@@ -99,6 +99,7 @@ class TrainSpec:
     loss: Identifier | None = None  # or {output name: loss} for several outputs, as in compile
     loss_weights: dict | list | None = None  # several outputs: their weights in the total loss
     metrics: list | dict = field(default_factory=list)  # or {output name: [metrics]}
+    weighted_metrics: list | dict = field(default_factory=list)  # metrics the sample (or class) weights weigh
     # Keras callbacks: {class_name: EarlyStopping, config: {...}} or {class: module:Class, kwargs: {...}}
     callbacks: list = field(default_factory=list)
     class_weight: dict | None = None  # {label: weight}, training only, as in fit(class_weight=...)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 # train: without a compiled builder, as before
 DEFAULTS = {"optimizer": "adam", "loss": "mean_squared_error"}
-COMPILED = ("optimizer", "loss", "loss_weights", "metrics")
+COMPILED = ("optimizer", "loss", "loss_weights", "metrics", "weighted_metrics")
 
 
 def resolve(train: TrainSpec, model: keras.Model, check: bool = True) -> TrainSpec:
@@ -41,7 +41,7 @@ def resolve(train: TrainSpec, model: keras.Model, check: bool = True) -> TrainSp
                 f"train.{key}: expected the builder's compile({key}={_shown(theirs)}) or nothing, received "
                 f"{given!r} beside it"
             )
-        settings[key] = _by_output_name(theirs, model) if key in ("loss", "metrics") else theirs
+        settings[key] = _by_output_name(theirs, model) if key != "optimizer" else theirs
     return dataclasses.replace(train, **settings)
 
 
@@ -89,7 +89,7 @@ def _fingerprint(key: str, value: Any) -> str:
         return str({k: _fingerprint(key, v) for k, v in sorted(value.items())})
     if isinstance(value, (list, tuple)):
         return str([_fingerprint(key, v) for v in value])
-    if key == "metrics":
+    if key in ("metrics", "weighted_metrics"):
         return value if isinstance(value, str) else getattr(value, "name", repr(value))
     module = keras.optimizers if key == "optimizer" else keras.losses if key == "loss" else None
     if module is not None and isinstance(value, (str, dict)):

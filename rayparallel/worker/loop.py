@@ -212,6 +212,8 @@ class WorkerRun:
                 break
 
         self.watchdog.disarm()
+        # as fit, before on_train_end: an optimizer with use_ema leaves the moving averages in the model
+        self.optimizer.finalize_variable_values(self.model.trainable_variables)
         self.callbacks.on_train_end(dict(logs))  # EarlyStopping(restore_best_weights) restores here
         weights = self.model.get_weights()  # every rank reads, see resume.snapshot
         # replicas in step hold identical weights: result.json shows each rank's digest

@@ -28,7 +28,12 @@ class Head:
     name: str
     loss: keras.losses.Loss  # Keras' own: masks, sample weights, reduction (global: `loss_reduction`)
     weight: float
-    metrics: list[tuple[str, keras.metrics.Metric]]
+    metrics: list[tuple[str, keras.metrics.Metric]]  # as compile's `metrics`: unweighted
+    weighted: list[tuple[str, keras.metrics.Metric]]  # compile's `weighted_metrics`: weighted by the sample weights
+
+    @property
+    def all_metrics(self) -> list[tuple[str, keras.metrics.Metric]]:
+        return self.metrics + self.weighted
 
 
 def output_names(model: keras.Model) -> list[str]:
@@ -66,15 +71,31 @@ def make_heads(train: TrainSpec, model: keras.Model, y: Any) -> list[Head]:
     losses = _by_output(train.loss, names, "train.loss", required=True)
     weights = _weights(train.loss_weights, names)
     metrics = _by_output(train.metrics, names, "train.metrics", required=False, default=[])
+    weighted = _by_output(train.weighted_metrics, names, "train.weighted_metrics", required=False, default=[])
     heads = []
     for name, y_k, shape in zip(names, ys, shapes, strict=True):
         compile_objects.check_targets(losses[name], y_k, shape, name if len(names) > 1 else "")
-        made = compile_objects.make_metrics(metrics[name], losses[name], y_k, shape)
         prefix = f"{name}_" if len(names) > 1 else ""
-        heads.append(
-            Head(name, compile_objects.make_loss(losses[name]), weights[name], [(prefix + m.name, m) for m in made])
+        made, made_weighted = (
+            [(prefix + m.name, m) for m in compile_objects.make_metrics(given[name] or [], losses[name], y_k, shape)]
+            for given in (metrics, weighted)
         )
+        shared = sorted({n for n, _ in made} & {n for n, _ in made_weighted})
+        if shared:
+            raise SpecError(
+                f"train.weighted_metrics: expected names apart from train.metrics' (they share one history), "
+                f"received {shared} in both"
+            )
+        heads.append(Head(name, compile_objects.make_loss(losses[name]), weights[name], made, made_weighted))
     return heads
+
+
+def listed(values: Any, heads: list[Head]) -> list:
+    """Targets or predictions in the heads' order: one output gives one tensor, several a tuple in output
+    order or a dict keyed by output name."""
+    if len(heads) == 1:
+        return [values[0] if isinstance(values, (list, tuple)) else values]
+    return [values[head.name] for head in heads] if isinstance(values, dict) else list(values)
 
 
 def epoch_keys(heads: list[Head]) -> list[str]:
@@ -82,7 +103,7 @@ def epoch_keys(heads: list[Head]) -> list[str]:
     keys = ["loss"]
     if len(heads) > 1:
         keys += [f"{head.name}_loss" for head in heads]
-    return keys + [name for head in heads for name, _ in head.metrics]
+    return keys + [name for head in heads for name, _ in head.all_metrics]
 
 
 def _by_output(value: Any, names: list[str], key: str, required: bool, default: Any = None) -> dict[str, Any]:

@@ -18,13 +18,12 @@ import numpy as np
 
 from ..hooks import hook
 from .loss_reduction import global_batch_reduction
+from .outputs import Head, listed
 from .sync import Reducer
 
 if TYPE_CHECKING:
     import keras
     import tensorflow as tf
-
-    from .outputs import Head
 
 
 class Steps:
@@ -44,7 +43,7 @@ class Steps:
         import tensorflow as tf
 
         self.model, self.heads = model, heads
-        self.metrics = [metric for head in heads for _, metric in head.metrics]
+        self.metrics = [metric for head in heads for _, metric in head.all_metrics]
         self.loss_total = tf.Variable(0.0, dtype=tf.float64, trainable=False)
         # several outputs: each one's own (unweighted) loss, for the `<output>_loss` figures
         self.output_totals = (
@@ -58,7 +57,7 @@ class Steps:
         def head_losses(y, y_pred, w):
             """Each output's share of its loss over the global batch, and their weighted sum (`w`: None or sample
             weights, one per row or per element, as `fit` takes them)."""
-            ys, preds = _listed(y, len(heads)), _listed(y_pred, len(heads))
+            ys, preds = listed(y, heads), listed(y_pred, heads)
             with global_batch_reduction(global_batch_size):
                 each = [h.loss(y_k, p_k, w) for h, y_k, p_k in zip(heads, ys, preds, strict=True)]
             return tf.add_n([h.weight * loss for h, loss in zip(heads, each, strict=True)]), each
@@ -87,7 +86,7 @@ class Steps:
             loss, each, y_pred, grads = forward_backward(x, y, w)
             for total, grad in zip(self.accumulated, grads, strict=True):
                 total.assign_add(grad)
-            self._after_step(loss, each, y, y_pred)
+            self._after_step(loss, each, y, y_pred, w)
 
         def train_replica(x, y, w):
             loss, each, y_pred, grads = forward_backward(x, y, w)
@@ -101,11 +100,14 @@ class Steps:
                 self.loss_scale.apply(optimizer, grads, model.trainable_variables)
             else:
                 optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-            self._after_step(loss, each, y, y_pred)
+            self._after_step(loss, each, y, y_pred, w)
 
         def eval_replica(x, y, w):
             y_pred = model(x, training=False)
-            self._record(*head_losses(y, y_pred, w), y, y_pred)
+            loss, each = head_losses(y, y_pred, w)
+            if model.losses:  # as Keras' test_step: the regularizers count in the loss
+                loss += tf.add_n(model.losses) / replicas
+            self._record(loss, each, y, y_pred, w)
 
         # `w`: None or the sample (or class) weights; metrics stay unweighted, as `compile(metrics=...)` are in
         # Keras (a Keras mask on the predictions is theirs to apply, as in `fit`)
@@ -118,24 +120,26 @@ class Steps:
         """The compiled step for this global step (1-based): an update, or an accumulation."""
         return self.train_step if global_step % self.accumulation_steps == 0 else self.accumulate_step
 
-    def _after_step(self, loss: tf.Tensor, each: list, y: Any, y_pred: Any) -> None:
+    def _after_step(self, loss: tf.Tensor, each: list, y: Any, y_pred: Any, w: Any) -> None:
         import tensorflow as tf
 
-        self._record(loss, each, y, y_pred)
+        self._record(loss, each, y, y_pred, w)
         self.steps_run.assign_add(1)
         first = tf.logical_and(tf.logical_not(tf.math.is_finite(loss)), tf.equal(self.first_nonfinite, 0))
         self.first_nonfinite.assign(tf.where(first, self.steps_run, self.first_nonfinite))
 
-    def _record(self, loss: tf.Tensor, each: list, y: Any, y_pred: Any) -> None:
+    def _record(self, loss: tf.Tensor, each: list, y: Any, y_pred: Any, w: Any) -> None:
         import tensorflow as tf
 
         self.loss_total.assign_add(tf.cast(loss, tf.float64))
         for total, value in zip(self.output_totals, each, strict=False):
             total.assign_add(tf.cast(value, tf.float64))
-        ys, preds = _listed(y, len(self.heads)), _listed(y_pred, len(self.heads))
+        ys, preds = listed(y, self.heads), listed(y_pred, self.heads)
         for head, y_k, p_k in zip(self.heads, ys, preds, strict=True):
             for _, metric in head.metrics:
                 metric.update_state(y_k, p_k)
+            for _, metric in head.weighted:
+                metric.update_state(y_k, p_k, sample_weight=w)
 
     def reset(self) -> None:
         self.loss_total.assign(0.0)
@@ -145,13 +149,6 @@ class Steps:
         self.first_nonfinite.assign(0)
         for metric in self.metrics:
             metric.reset_state()
-
-
-def _listed(values: Any, count: int) -> list:
-    """Targets or predictions in output order: a model with one output gives one tensor."""
-    if count == 1:
-        return [values[0] if isinstance(values, (list, tuple)) else values]
-    return list(values.values()) if isinstance(values, dict) else list(values)
 
 
 class LossScale:
@@ -231,7 +228,7 @@ class EpochFigures:
         for head, value in zip(steps.heads, summed[len(variables) :], strict=False):
             figures[f"{prefix}{head.name}_loss"] = float(value) / max(steps_done, 1)
         for head in steps.heads:
-            for name, metric in head.metrics:
+            for name, metric in head.all_metrics:
                 figures[prefix + name] = float(np.asarray(metric.result()))
         return figures
 

@@ -89,12 +89,15 @@ def clipped_transformer(batch_size: int, tokens: int = 16, vocab: int = 50, clip
     return model
 
 
-def token_classes(rows: int = 64, val_rows: int = 16, tokens: int = 16, vocab: int = 50):
-    """Two classes: whether token ids below 10 are more than a quarter of the row."""
+def token_classes(rows: int = 64, val_rows: int = 16, tokens: int = 16, vocab: int = 50, weighted: bool = False):
+    """Two classes: whether token ids below 10 are more than a quarter of the row (a weight per row if `weighted`)."""
     rng = np.random.default_rng(7)
     x = rng.integers(0, vocab, size=(rows + val_rows, tokens)).astype("int32")
     y = ((x < 10).mean(axis=1) > 0.25).astype("int32")
-    return {"x_train": x[:rows], "y_train": y[:rows], "x_val": x[rows:], "y_val": y[rows:]}
+    data = {"x_train": x[:rows], "y_train": y[:rows], "x_val": x[rows:], "y_val": y[rows:]}
+    if weighted:
+        data["sample_weight_train"] = rng.uniform(0.5, 2.0, size=rows).astype("float32")
+    return data
 
 
 def raw_loss_step(batch_size: int, features: int = 4):

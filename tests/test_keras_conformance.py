@@ -28,6 +28,7 @@ class Case:
     how: str  # README's note: what makes it exact, or why it is refused
     workers: tuple[int, ...] = (2,)
     kwargs: dict = field(default_factory=dict)
+    train: dict = field(default_factory=dict)  # `train:` keys beside the builder's compile
     refused: str = ""  # the start of the one-line error, for a cell refused before training
 
 
@@ -36,8 +37,9 @@ CASES = [
         "`Embedding(mask_zero=True)` padding mask, a loss per token (guide: masking and padding)",
         "masked_tagger",
         "padded_tags",
-        "Keras' loss applies the mask; its divisor, the count of unmasked tokens, is summed over the workers",
-        workers=(1, 2),
+        "Keras' loss applies the mask; its divisor, the count of unmasked tokens, is summed over the workers "
+        "(3 workers: uneven rows and uneven padding)",
+        workers=(1, 3),
     ),
     Case(
         "`Masking` layer and per-token `sample_weight` of shape (rows, timesteps)",
@@ -83,6 +85,15 @@ CASES = [
         kwargs={"per_row_weights": True},
         refused="data.loader: expected sample weights the loss 'mean_squared_error' can apply",
     ),
+    Case(
+        "`sample_weight` together with `class_weight`",
+        "clipped_transformer",
+        "token_classes",
+        "refused before training, one line (`fit` refuses them together too)",
+        kwargs={"weighted": True},
+        train={"class_weight": {0: 1.0, 1: 2.0}},
+        refused="train.class_weight: expected class weights or the loader's sample_weight_train, not both",
+    ),
 ]
 
 
@@ -101,7 +112,7 @@ def spec(case: Case) -> dict:
         "name": case.builder,
         "model": {"builder": f"{MODELS}:{case.builder}"},
         "data": {"loader": f"{MODELS}:{case.loader}", "kwargs": case.kwargs, "layout": "streams"},  # fit's order
-        "train": {"global_batch_size": 8, "epochs": 2, "seed": 4},
+        "train": {"global_batch_size": 8, "epochs": 2, "seed": 4, **case.train},
         "mlflow": {"enabled": False},
     }
 

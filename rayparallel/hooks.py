@@ -16,6 +16,10 @@ from typing import Any
 
 # name -> "module" or "module:attribute.path", and why there is no public way
 HOOKS = {
+    # the controller's callback interface: how its handle reaches the driver (cluster/abort.py)
+    "controller_callback": "ray.train.v2._internal.execution.callback:ControllerCallback",
+    # Tune's function trainable, subclassed so a trial's stop waits for its run (sweep/trial.py)
+    "wrap_function": "ray.tune.trainable.function_trainable:wrap_function",
     # the driver's stream of worker output: no public switch once ray.init() ran
     "ray_logging": "ray._private.ray_logging",
     # what Ray Train's state export records for our own TensorFlow backend
@@ -57,7 +61,11 @@ OPTIMIZER_ATTRIBUTES = ("_all_reduce_sum_gradients", "_clip_gradients", "_learni
 # (live objects; get_compile_config drops some, e.g. Huber's delta), Keras' own build of compile's
 # metrics before a model's own step is traced, the loss scaling that step runs without, and the
 # loss reduction our step makes global.
-MODEL_ATTRIBUTES = ("_compile_config", "_symbolic_build")
+MODEL_ATTRIBUTES = ("_compile_config", "_symbolic_build", "_flatten_layers")  # and every nested layer
+# BatchNormalization's moments, replaced by the global batch's (worker/batch_norm.py), and a wrapped
+# loss's arguments, which its config may drop (worker/compiled.py)
+BATCH_NORM_ATTRIBUTES = ("_moments", "_reduction_axes")
+LOSS_ATTRIBUTES = ("_fn_kwargs",)
 LOSS_MODULE_ATTRIBUTES = ("scale_loss_for_distribution", "unscale_loss_for_distribution", "reduce_weighted_values")
 
 # Environment defaults, by the process that reads them; a user's own setting always wins.

@@ -9,8 +9,10 @@ import sys
 import pytest
 
 from rayparallel.hooks import (
+    BATCH_NORM_ATTRIBUTES,
     ENV_DEFAULTS,
     HOOKS,
+    LOSS_ATTRIBUTES,
     LOSS_MODULE_ATTRIBUTES,
     MODEL_ATTRIBUTES,
     OPTIMIZER_ATTRIBUTES,
@@ -44,6 +46,11 @@ def test_the_model_and_loss_attributes_read_or_replaced_exist():
     missing += [name for name in LOSS_MODULE_ATTRIBUTES if not hasattr(hook("keras_losses"), name)]
     assert not missing, f"keras {keras.__version__} lacks {missing}"
     assert model._compile_config.config["loss"] is loss  # the live object: Huber's get_config drops its delta
+    missing = [name for name in LOSS_ATTRIBUTES if not hasattr(loss, name)]
+    batch_norm = keras.layers.BatchNormalization()
+    batch_norm.build((None, 3))
+    missing += [name for name in BATCH_NORM_ATTRIBUTES if not hasattr(batch_norm, name)]
+    assert not missing, f"keras {keras.__version__} lacks {missing}"
 
 
 def test_importing_rayparallel_sets_no_environment_variable():

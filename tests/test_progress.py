@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import doctest
+import importlib
 import io
 
 import pytest
 
-import rayparallel.cluster.progress
-import rayparallel.result
-import rayparallel.spec.parse
-import rayparallel.sweep.space
 from rayparallel.cluster.progress import ConsoleProgress
+
+from .helpers import REPO
 
 
 class Terminal(io.StringIO):
@@ -46,11 +45,17 @@ def test_log_file_gets_plain_lines_only():
     assert stream.getvalue() == "Epoch 1/2\n4.0s - loss: 0.2 - val_loss: 0.3 - 800 samples/s\n"
 
 
-@pytest.mark.parametrize(
-    "module", [rayparallel.cluster.progress, rayparallel.result, rayparallel.spec.parse, rayparallel.sweep.space]
+WITH_EXAMPLES = sorted(
+    ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+    for path in (REPO / "rayparallel").rglob("*.py")
+    if ">>>" in path.read_text()
 )
-def test_docstring_examples(module):
-    assert doctest.testmod(module).failed == 0
+
+
+@pytest.mark.parametrize("name", WITH_EXAMPLES)
+def test_docstring_examples(name):
+    """Every module whose docstrings hold examples runs them (those marked `+SKIP` need a cluster or a run)."""
+    assert doctest.testmod(importlib.import_module(name)).failed == 0
 
 
 def test_saved_lines_follow_their_epoch_and_slow_input_is_a_warning():

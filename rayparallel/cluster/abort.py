@@ -14,10 +14,13 @@ from typing import TYPE_CHECKING
 
 import ray
 from ray.exceptions import RayActorError
-from ray.train.v2._internal.execution.callback import ControllerCallback
+
+from ..hooks import hook
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
+
+ControllerCallback = hook("controller_callback")  # a base class: resolved when this module is imported
 
 CONTROLLER_EVENT = "controller"
 ABORT_TIMEOUT_S = 60.0

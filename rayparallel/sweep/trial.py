@@ -73,9 +73,7 @@ def run_trial(config: dict, setup: TrialSetup) -> None:
 
 def trainable(setup: TrialSetup) -> type:
     """The Tune trainable: a function trainable whose stop waits for the run to end."""
-    from ray.tune.trainable.function_trainable import wrap_function
-
-    base = wrap_function(functools.partial(run_trial, setup=setup), name="rayparallel_trial")
+    base = hook("wrap_function")(functools.partial(run_trial, setup=setup), name="rayparallel_trial")
 
     class RayParallelTrial(base):
         def cleanup(self) -> None:

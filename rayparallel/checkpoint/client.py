@@ -28,6 +28,7 @@ class CheckpointClient:
         self._actor, self._max_pending = actor, max_pending
         self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rayparallel-ckpt")
         self._pending: list[Future] = []
+        self._last: ray.ObjectRef | None = None  # the newest call handed to the actor
 
     def save(self, weights: list, saved: Saved) -> None:
         """Returns at once; `weights` are tensors or arrays that nothing modifies afterwards."""
@@ -55,10 +56,19 @@ class CheckpointClient:
 
     def _send(self, weights: list, saved: Saved) -> ray.ObjectRef:
         arrays = [np.asarray(w) for w in weights]
-        return self._actor.save_checkpoint.remote(arrays, saved)
+        return self._in_order(lambda: self._actor.save_checkpoint.remote(arrays, saved))
 
     def _send_resume_point(self, arrays: dict, meta: dict) -> ray.ObjectRef:
-        return self._actor.save_resume_point.remote({k: np.asarray(v) for k, v in arrays.items()}, meta)
+        arrays = {k: np.asarray(v) for k, v in arrays.items()}
+        return self._in_order(lambda: self._actor.save_resume_point.remote(arrays, meta))
+
+    def _in_order(self, call) -> ray.ObjectRef:
+        """One call at a time: Ray runs a threaded actor's calls in any order, and files (and their warnings)
+        must follow the epochs. The actor writes one file at a time anyway (its `io` group)."""
+        if self._last is not None:
+            ray.wait([self._last], timeout=None)
+        self._last = call()
+        return self._last
 
     @staticmethod
     def _done(future: Future) -> bool:

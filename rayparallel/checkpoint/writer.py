@@ -7,6 +7,8 @@ actor runs it in its own `io` thread while training goes on.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -71,9 +73,14 @@ class CheckpointWriter:
         return len(self.retention.saved)
 
     def write(self, weights: list[np.ndarray], path: Path) -> None:
+        """HDF5 writes the file in a local scratch folder, then plain file I/O copies it over: HDF5 on a disk
+        that fills up half way leaves its file behind and errors (or crashes) only when the file is freed."""
         model = self.base_model()
         model.set_weights(weights)
-        atomic_write(path, lambda partial: model.save_weights(str(partial)), "checkpoint.dir")
+        with tempfile.TemporaryDirectory(prefix="rayparallel-weights-") as scratch:
+            local = Path(scratch) / path.name  # Keras wants the .weights.h5 suffix
+            model.save_weights(str(local))
+            atomic_write(path, lambda partial: shutil.copyfile(local, partial), "checkpoint.dir")
 
     @property
     def manifest_path(self) -> Path:

@@ -8,7 +8,7 @@ from .api import train, tune, validate
 from .checkpoint.export import Exported, export, load_model
 from .errors import RayParallelError
 from .result import TrainResult
-from .spec import JobSpec, load_spec
+from .spec import JobSpec, Shard, load_spec
 from .sweep.result import SweepResult
 from .version import __version__
 
@@ -20,6 +20,7 @@ __all__ = [
     "export",
     "load_spec",
     "JobSpec",
+    "Shard",
     "TrainResult",
     "SweepResult",
     "Exported",

@@ -1,4 +1,4 @@
-"""`rayparallel train|validate`: the command line over the Python API.
+"""`rayparallel train|validate|tune|submit|export`: the command line over the Python API.
 
 Bad input exits with code 2 and one line on stderr; `--debug` shows the traceback.
 """

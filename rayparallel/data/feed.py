@@ -1,6 +1,6 @@
 """What a worker trains on, batch by batch, wherever its rows live.
 
-The loop sees one interface, `Feed`; three sources stand behind it:
+The loop sees one interface, `Feed`; four sources stand behind it:
 
 - a plain loader's arrays (`ArrayFeed`), loaded once by the driver and put in Ray's object
   store, read by every worker of a node without a copy; each worker takes its slice of every
@@ -39,7 +39,7 @@ Batch = tuple[Any, Any, np.ndarray | None]  # x, y, sample weights (None: none, 
 
 @dataclass
 class DataSource:
-    """What the driver hands the workers (`train_loop_config`): one of the three sources."""
+    """What the driver hands the workers (`train_loop_config`): one of the four sources."""
 
     arrays: shards.Data | ray.ObjectRef | None = None  # a plain loader's arrays (launch puts them in the store)
     rank_aware: bool = False  # every worker calls the loader for its own rows

@@ -3,10 +3,11 @@
 The dataset's batches are the global batches (a user who calls `fit(ds)` batched it with
 the global batch). Every worker reads them in the dataset's own order and trains on its
 contiguous slice of each (`rank_rows`), so any worker count trains `fit`'s model, stateful
-streams included. A final short batch is dropped on every worker alike. Each worker runs
-the whole pipeline, as tf.distribute's DATA auto-shard does; a loader with a `shard`
-argument may build each worker's own pipeline at the per-worker batch instead (the fast
-path: then every row of its batches is the worker's).
+streams included. A final short batch is dropped on every worker alike. A PyDataset's
+batches are loaded once for all workers (`batch_server`); a `tf.data` pipeline runs on every
+worker, as tf.distribute's DATA auto-shard does; a loader with a `shard` argument may build
+each worker's own pipeline at the per-worker batch instead (the fast path: then every row
+of its batches is the worker's).
 
 As in `fit`, with `train.steps_per_epoch` the dataset is read on across epochs (an infinite
 `repeat()` needs it); without it, each epoch reads the dataset from its start.

@@ -126,7 +126,8 @@ class OwnSteps:
 
         self.model, self.strategy = model, strategy
         self.metrics = model.metrics  # built: the worker ran Keras' symbolic build before
-        self.loss_total = tf.Variable(0.0, dtype=tf.float64, trainable=False)  # unused: no loss of ours
+        # no loss of ours: zero, but summed and saved with the epoch's state as `Steps`' is (EpochFigures, resume)
+        self.loss_total = tf.Variable(0.0, dtype=tf.float64, trainable=False)
         self.steps_run = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.first_nonfinite = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.train_keys: list[str] = []  # the logs' keys, known once each step is traced

@@ -2,7 +2,7 @@
 
 Ray's TensorFlow backend writes `TF_CONFIG`; the strategy built from it is the sync engine.
 Gradients are all-reduced by the Keras optimizer's `apply_gradients` inside
-`strategy.run`; metric states are summed once per epoch by :func:`all_reduce_sum`.
+`strategy.run`; metric states are summed where figures are needed by :class:`Reducer`.
 """
 
 from __future__ import annotations

@@ -17,6 +17,13 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rayparallel", description="Data-parallel Keras training on Ray.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
     commands = parser.add_subparsers(dest="command", required=True)
+    _add_train_and_validate(commands)
+    _add_tune(commands)
+    _add_submit_and_export(commands)
+    return parser
+
+
+def _add_train_and_validate(commands: argparse._SubParsersAction) -> None:
     for name, text in (("train", "train a job"), ("validate", "check a job without training")):
         command = commands.add_parser(name, help=text)
         command.add_argument("job", help="job YAML file")
@@ -45,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
                 help="start a new run even if the output dir holds an unfinished one "
                 "(default: resume an unfinished run, else start fresh)",
             )
+
+
+def _add_tune(commands: argparse._SubParsersAction) -> None:
     tune = commands.add_parser("tune", help="sweep a job's settings with Ray Tune, every trial a full run")
     tune.add_argument("job", help="job YAML file")
     _repeatable(
@@ -64,6 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--output-dir", default=None, help="the sweep's folder (default runs/NAME-tune)")
     tune.add_argument("--resume", action="store_true", help="run the recorded sweep's trials that did not finish")
     tune.add_argument("--worker-logs", action="store_true", help="show the trials' own output")
+
+
+def _add_submit_and_export(commands: argparse._SubParsersAction) -> None:
     submit = commands.add_parser("submit", help="run a job on a Ray cluster through the Jobs API")
     submit.add_argument("job", help="job YAML file (inside the working dir)")
     submit.add_argument("--address", required=True, help="the cluster's dashboard, e.g. http://HEAD:8265")
@@ -83,7 +96,6 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument(
         "--unlisted", action="store_true", help="accept a weights file the folder's manifest does not list"
     )
-    return parser
 
 
 def _repeatable(command: argparse.ArgumentParser, flag: str, dest: str, metavar: str, text: str) -> None:
@@ -114,60 +126,7 @@ def _interrupt(signum: int, frame: object) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        if args.command == "submit":
-            from .cluster.submit import submit
-
-            return submit(
-                args.job,
-                args.address,
-                args.overrides,
-                wait=not args.no_wait,
-                working_dir=args.working_dir,
-                output_dir=args.output_dir,
-            )
-        if args.command == "tune":
-            from .api import tune
-
-            signal.signal(signal.SIGTERM, _interrupt)
-            tune(
-                args.job,
-                params=dict(_param(item) for item in args.params),
-                overrides=args.overrides,
-                samples=args.samples,
-                max_concurrent=args.max_concurrent,
-                metric=args.metric,
-                mode=args.mode,
-                scheduler=args.scheduler,
-                output_dir=args.output_dir,
-                resume=args.resume,
-                worker_logs=args.worker_logs or args.debug,
-            )
-            return 0
-        if args.command == "export":
-            from .checkpoint.export import export
-
-            kwargs = _builder_kwargs(args.overrides)
-            done = export(args.checkpoint, out=args.out, batch_size=args.batch_size, unlisted=args.unlisted, **kwargs)
-            changed = f" with {kwargs}" if kwargs else ""
-            print(f"exported {done.weights} ({done.why}) at batch size {args.batch_size}{changed} to {done.path}")
-        elif args.command == "validate":
-            from .api import validate
-
-            job = validate(args.job, args.overrides)
-            print(f"{args.job}: valid ({job.scaling.described} workers x batch {job.batch_split()})")
-        else:
-            from .cluster.run import run_job
-            from .startup import process_started_at
-
-            signal.signal(signal.SIGTERM, _interrupt)  # `ray job stop` ends the run like Ctrl-C
-            run_job(
-                args.job,
-                overrides=args.overrides,
-                output_dir=args.output_dir,
-                worker_logs=args.worker_logs or args.debug,  # --debug also shows TensorFlow's and the workers' output
-                resume=args.resume,
-                started_at=process_started_at(),
-            )
+        return COMMANDS[args.command](args)
     except KeyboardInterrupt:
         return 130
     except (RayParallelError, RunFailedError) as exc:  # bad input (exit 2), or a process the run needs died (1)
@@ -175,7 +134,76 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"rayparallel: error: {exc}", file=sys.stderr)
         return 1 if isinstance(exc, RunFailedError) else 2
+
+
+def _train(args: argparse.Namespace) -> int:
+    from .cluster.run import run_job
+    from .startup import process_started_at
+
+    signal.signal(signal.SIGTERM, _interrupt)  # `ray job stop` ends the run like Ctrl-C
+    run_job(
+        args.job,
+        overrides=args.overrides,
+        output_dir=args.output_dir,
+        worker_logs=args.worker_logs or args.debug,  # --debug also shows TensorFlow's and the workers' output
+        resume=args.resume,
+        started_at=process_started_at(),
+    )
     return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from .api import validate
+
+    job = validate(args.job, args.overrides)
+    print(f"{args.job}: valid ({job.scaling.described} workers x batch {job.batch_split()})")
+    return 0
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from .api import tune
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    tune(
+        args.job,
+        params=dict(_param(item) for item in args.params),
+        overrides=args.overrides,
+        samples=args.samples,
+        max_concurrent=args.max_concurrent,
+        metric=args.metric,
+        mode=args.mode,
+        scheduler=args.scheduler,
+        output_dir=args.output_dir,
+        resume=args.resume,
+        worker_logs=args.worker_logs or args.debug,
+    )
+    return 0
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from .cluster.submit import submit
+
+    return submit(
+        args.job,
+        args.address,
+        args.overrides,
+        wait=not args.no_wait,
+        working_dir=args.working_dir,
+        output_dir=args.output_dir,
+    )
+
+
+def _export(args: argparse.Namespace) -> int:
+    from .checkpoint.export import export
+
+    kwargs = _builder_kwargs(args.overrides)
+    done = export(args.checkpoint, out=args.out, batch_size=args.batch_size, unlisted=args.unlisted, **kwargs)
+    changed = f" with {kwargs}" if kwargs else ""
+    print(f"exported {done.weights} ({done.why}) at batch size {args.batch_size}{changed} to {done.path}")
+    return 0
+
+
+COMMANDS = {"train": _train, "validate": _validate, "tune": _tune, "submit": _submit, "export": _export}
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from ..checkpoint.resume_state import position_name, unused_name
 from ..data.feed import DataSource, open_feed
 from ..errors import NonFiniteLossError
 from ..model import build_model
-from ..spec import JobSpec
+from ..spec import JobSpec, TrainSpec
 from ..spec.references import add_search_path
 from ..spec.schema import rank_rows
 from . import compile_objects, compiled, outputs, own_step, replica, resume
@@ -58,82 +58,115 @@ def train_loop_per_worker(config: dict) -> None:
 
 
 class WorkerRun:
+    """One worker's run, built in phases whose order matters (each phase's docstring says why)."""
+
     def __init__(self, spec: JobSpec, actor: ActorHandle, output_dir: str, source: DataSource):
-        import ray
         import ray.train
 
         context = ray.train.get_context()
         self.rank, self.world = context.get_world_rank(), context.get_world_size()
         self.spec, self.actor = spec, actor
+        self._start_strategy()
+        self._open_data(source)
+        train = self._build_replica()
+        self._build_steps(train)
+        self._prepare_epochs(output_dir)
+        self._restore()
+        self._register()
+
+    def _start_strategy(self) -> None:
+        """First of all TensorFlow: MultiWorkerMirroredStrategy must precede any other TF op."""
+        spec = self.spec
         self._mark("workers_started")
         configure_threads(spec.scaling.resources_per_worker.get("CPU", 1))  # imports TensorFlow
         self._mark("tensorflow_imported")
         self.strategy = make_strategy(spec.scaling.use_gpu)
         self.watchdog = StepWatchdog(
-            spec.run.collective_timeout_s, lambda reason: actor.note_failure.remote(self.rank, reason)
+            spec.run.collective_timeout_s, lambda reason: self.actor.note_failure.remote(self.rank, reason)
         )
         self._mark("strategy_ready")
 
+    def _open_data(self, source: DataSource) -> None:
+        """The probe builds (batch-shaped variables) before the seed, so the replica starts as in one
+        process; memory is measured from before any data."""
         import keras
 
+        spec = self.spec
         sizes = spec.worker_batch_sizes(self.world)  # an elastic run's world differs from start to start
-        local = replica.batch_dependent_variables(spec.model, sizes, spec.train.dtype_policy)
-        keras.utils.set_random_seed(spec.train.seed)  # after the probe builds: the replica starts as in one process
+        self.batch_local = replica.batch_dependent_variables(spec.model, sizes, spec.train.dtype_policy)
+        keras.utils.set_random_seed(spec.train.seed)
         self.global_batch, self.per_worker = spec.train.global_batch_size, sizes[self.rank]
-        self.memory = MemoryWatch()  # before any data: what the worker holds of it is the growth from here
-        self.reducer = reducer = Reducer(self.strategy)
-        self.feed = open_feed(source, spec, self.rank, self.world, reducer.gather)
+        self.memory = MemoryWatch()
+        self.reducer = Reducer(self.strategy)
+        self.feed = open_feed(source, spec, self.rank, self.world, self.reducer.gather)
         self._mark("data_loaded")
-        with self.strategy.scope(), replica.kept_local(local):
+
+    def _build_replica(self) -> TrainSpec:
+        """The replica, its optimizer and (for its own step) compile's objects inside the strategy's scope;
+        then the optimizer's all-reduce wrappers, in the order the comments give."""
+        spec = self.spec
+        with self.strategy.scope(), replica.kept_local(self.batch_local):
             self.model = build_model(spec.model, self.per_worker, spec.train.dtype_policy)
             train = compiled.resolve(spec.train, self.model, check=False)  # the driver checked
-            own = own_step.overridden(self.model)
+            self.own = own_step.overridden(self.model)
             self.optimizer = compile_objects.make_optimizer(train.optimizer)
             self.output_names = names = outputs.output_names(self.model)
-            sample_y = outputs.targets_by_output(self.feed.sample_y, names, "train")
-            if own:  # its step reads self.optimizer and compile's loss and metrics, built before its trace
+            self.sample_y = outputs.targets_by_output(self.feed.sample_y, names, "train")
+            if self.own:  # its step reads self.optimizer and compile's loss and metrics, built before its trace
                 own_step.compile_for_own_step(self.model, self.optimizer, train)
-                batch = own_step.first_rows((self.feed.sample_x, sample_y), self.per_worker)
+                batch = own_step.first_rows((self.feed.sample_x, self.sample_y), self.per_worker)
                 self.model._symbolic_build(data_batch=batch)
             self.optimizer.build(self.model.trainable_variables)  # not lazily inside the compiled step
         compile_objects.accumulate_schedule(self.optimizer, spec.train.gradient_accumulation_steps)
         compress_gradients(self.optimizer, spec.train.gradient_compression)
-        if own:
+        if self.own:
             own_step.one_process_losses()
             average_over_workers(self.optimizer, self.world)  # before: clipping acts on the mean
         clip_after_all_reduce(self.optimizer)  # after: clipping acts on the summed, cast-back gradient
         replica.seed_per_rank(self.model, spec.train.seed, self.rank)
         self.batch_norm = BatchNormSync(self.model, spec.train.batch_norm, self.world)  # before the step's trace
         self._mark("replica_built")
-        if own:
+        return train
+
+    def _build_steps(self, train: TrainSpec) -> None:
+        """The compiled steps (ours, or the model's own) and the figures they give."""
+        spec = self.spec
+        if self.own:
             self.steps = own_step.OwnSteps(self.strategy, self.model)
-            self.figures = own_step.OwnStepFigures(self.steps, reducer, self.rank, self.world)
-        else:
-            self.steps = Steps(
-                self.strategy,
-                self.model,
-                self.optimizer,
-                outputs.make_heads(train, self.model, sample_y),
-                self.global_batch,
-                replica.use_jit(spec.train.jit_compile, self.model),
-                spec.train.loss_scale,
-                spec.train.gradient_accumulation_steps,
-            )
-            self.figures = EpochFigures(self.steps, reducer, self.rank, self.world)
+            self.figures = own_step.OwnStepFigures(self.steps, self.reducer, self.rank, self.world)
+            return
+        self.steps = Steps(
+            self.strategy,
+            self.model,
+            self.optimizer,
+            outputs.make_heads(train, self.model, self.sample_y),
+            self.global_batch,
+            replica.use_jit(spec.train.jit_compile, self.model),
+            spec.train.loss_scale,
+            spec.train.gradient_accumulation_steps,
+        )
+        self.figures = EpochFigures(self.steps, self.reducer, self.rank, self.world)
+
+    def _prepare_epochs(self, output_dir: str) -> None:
+        spec = self.spec
         self.stateful = replica.stateful_layers(self.model)
         rows = rank_rows(self.global_batch, self.world, self.rank)
-        self.epoch_state = resume.EpochState(self.steps, reducer, self.stateful, rows, self.global_batch)
+        self.epoch_state = resume.EpochState(self.steps, self.reducer, self.stateful, rows, self.global_batch)
         self.steps_per_epoch = self.feed.steps
         self.cadence = ProgressCadence(self.steps_per_epoch, spec.train.progress_every_n_steps)
         self.decision = SaveDecision(spec.checkpoint)
         made = make_callbacks(spec.train.callbacks, self.rank, output_dir)
         params = {"epochs": spec.train.epochs, "steps": self.steps_per_epoch, "verbose": 0}
         self.callbacks = Callbacks(made, self.model, self.optimizer, params)
-        self.client = CheckpointClient(actor) if self.rank == 0 else None
+        self.client = CheckpointClient(self.actor) if self.rank == 0 else None
 
-        # local or mounted storage: the recorder names the newest intact point (epoch ends and
-        # the steps between), after its pending writes, so every rank restores the same one
-        local = spec.run.local_storage
+    def _restore(self) -> None:
+        """Local or mounted storage: the recorder names the newest intact point (epoch ends and the
+        steps between), after its pending writes, so every rank restores the same one."""
+        import ray
+        import ray.train
+
+        actor, local = self.actor, self.spec.run.local_storage
         self.run_folder = ray.get(actor.run_folder.remote()) if local else None
         found = ray.get(actor.resume_point.remote()) if local else None
         point = resume.read_point(found, None if local else ray.train.get_checkpoint())
@@ -146,7 +179,11 @@ class WorkerRun:
         if point and self.rank == 0:
             ray.get(actor.restore_history.remote(self.history))
         self.decision.best = ray.get(actor.best_value.remote())
-        actor.register_worker.remote(
+
+    def _register(self) -> None:
+        import ray
+
+        self.actor.register_worker.remote(
             {
                 "rank": self.rank,
                 "node_id": ray.get_runtime_context().get_node_id(),

@@ -52,28 +52,8 @@ class Steps:
         self.steps_run = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.first_nonfinite = tf.Variable(0, dtype=tf.int64, trainable=False)  # 1-based step, 0: none
         self.loss_scale = LossScale(initial_loss_scale) if initial_loss_scale is not None else None
-        replicas = strategy.num_replicas_in_sync
-
-        def head_losses(y, y_pred, w):
-            """Each output's share of its loss over the global batch, and their weighted sum (`w`: None or sample
-            weights, one per row or per element, as `fit` takes them)."""
-            ys, preds = listed(y, heads), listed(y_pred, heads)
-            with global_batch_reduction(global_batch_size):
-                each = [h.loss(y_k, p_k, w) for h, y_k, p_k in zip(heads, ys, preds, strict=True)]
-            return tf.add_n([h.weight * loss for h, loss in zip(heads, each, strict=True)]), each
-
-        def forward_backward(x, y, w):
-            with tf.GradientTape() as tape:
-                y_pred = model(x, training=True)
-                loss, each = head_losses(y, y_pred, w)
-                if model.losses:  # regularizers: each replica adds its 1/N share
-                    loss += tf.add_n(model.losses) / replicas
-                scaled = loss * self.loss_scale.value if self.loss_scale is not None else loss
-            return loss, each, y_pred, tape.gradient(scaled, model.trainable_variables)
-
-        if jit_compile:
-            forward_backward = tf.function(forward_backward, jit_compile=True)
-
+        self.optimizer, self.global_batch_size = optimizer, global_batch_size
+        self.replicas, self.accumulation_steps = strategy.num_replicas_in_sync, accumulation_steps
         # gradient accumulation: k-1 steps add their gradients here (no collective), the k-th applies
         # the mean of all k, as Keras' optimizer with gradient_accumulation_steps=k does in one process
         self.accumulated = (
@@ -81,40 +61,70 @@ class Steps:
             if accumulation_steps > 1
             else []
         )
-
-        def accumulate_replica(x, y, w):
-            loss, each, y_pred, grads = forward_backward(x, y, w)
-            for total, grad in zip(self.accumulated, grads, strict=True):
-                total.assign_add(grad)
-            self._after_step(loss, each, y, y_pred, w)
-
-        def train_replica(x, y, w):
-            loss, each, y_pred, grads = forward_backward(x, y, w)
-            if self.accumulated:
-                grads = [
-                    (total + grad) / accumulation_steps for total, grad in zip(self.accumulated, grads, strict=True)
-                ]
-                for total in self.accumulated:
-                    total.assign(tf.zeros_like(total))
-            if self.loss_scale is not None:
-                self.loss_scale.apply(optimizer, grads, model.trainable_variables)
-            else:
-                optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-            self._after_step(loss, each, y, y_pred, w)
-
-        def eval_replica(x, y, w):
-            y_pred = model(x, training=False)
-            loss, each = head_losses(y, y_pred, w)
-            if model.losses:  # as Keras' test_step: the regularizers count in the loss
-                loss += tf.add_n(model.losses) / replicas
-            self._record(loss, each, y, y_pred, w)
+        self._forward_backward = (
+            tf.function(self._gradients, jit_compile=True) if jit_compile else self._gradients
+        )  # XLA: forward and backward; the gradient all-reduce and the update stay outside it
 
         # `w`: None or the sample (or class) weights; metrics stay unweighted, as `compile(metrics=...)` are in
         # Keras (a Keras mask on the predictions is theirs to apply, as in `fit`)
-        self.train_step = tf.function(lambda x, y, w: strategy.run(train_replica, args=(x, y, w)))
-        self.accumulate_step = tf.function(lambda x, y, w: strategy.run(accumulate_replica, args=(x, y, w)))
-        self.accumulation_steps = accumulation_steps
-        self.eval_step = tf.function(lambda x, y, w: strategy.run(eval_replica, args=(x, y, w)))
+        def compiled(replica_step):
+            return tf.function(lambda x, y, w: strategy.run(replica_step, args=(x, y, w)))
+
+        self.train_step = compiled(self._train_replica)
+        self.accumulate_step = compiled(self._accumulate_replica)
+        self.eval_step = compiled(self._eval_replica)
+
+    def _losses(self, y: Any, y_pred: Any, w: Any) -> tuple[tf.Tensor, list]:
+        """This worker's share of the total loss, and of each output's (`w`: None or sample weights, one per
+        row or per element, as `fit` takes them): Keras' loss over the global batch (`loss_reduction`),
+        weighted as `loss_weights` say, plus its 1/N of the regularizers (Keras adds them to train and
+        test losses alike)."""
+        import tensorflow as tf
+
+        heads = self.heads
+        with global_batch_reduction(self.global_batch_size):
+            each = [
+                h.loss(y_k, p_k, w) for h, y_k, p_k in zip(heads, listed(y, heads), listed(y_pred, heads), strict=True)
+            ]
+        loss = tf.add_n([h.weight * value for h, value in zip(heads, each, strict=True)])
+        if self.model.losses:
+            loss += tf.add_n(self.model.losses) / self.replicas
+        return loss, each
+
+    def _gradients(self, x: Any, y: Any, w: Any) -> tuple:
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            y_pred = self.model(x, training=True)
+            loss, each = self._losses(y, y_pred, w)
+            scaled = loss * self.loss_scale.value if self.loss_scale is not None else loss
+        return loss, each, y_pred, tape.gradient(scaled, self.model.trainable_variables)
+
+    def _accumulate_replica(self, x: Any, y: Any, w: Any) -> None:
+        loss, each, y_pred, grads = self._forward_backward(x, y, w)
+        for total, grad in zip(self.accumulated, grads, strict=True):
+            total.assign_add(grad)
+        self._after_step(loss, each, y, y_pred, w)
+
+    def _train_replica(self, x: Any, y: Any, w: Any) -> None:
+        import tensorflow as tf
+
+        loss, each, y_pred, grads = self._forward_backward(x, y, w)
+        variables = self.model.trainable_variables
+        if self.accumulated:
+            steps = self.accumulation_steps
+            grads = [(total + grad) / steps for total, grad in zip(self.accumulated, grads, strict=True)]
+            for total in self.accumulated:
+                total.assign(tf.zeros_like(total))
+        if self.loss_scale is not None:
+            self.loss_scale.apply(self.optimizer, grads, variables)
+        else:
+            self.optimizer.apply_gradients(zip(grads, variables, strict=True))
+        self._after_step(loss, each, y, y_pred, w)
+
+    def _eval_replica(self, x: Any, y: Any, w: Any) -> None:
+        y_pred = self.model(x, training=False)
+        self._record(*self._losses(y, y_pred, w), y, y_pred, w)
 
     def step(self, global_step: int) -> Any:
         """The compiled step for this global step (1-based): an update, or an accumulation."""

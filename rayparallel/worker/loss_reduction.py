@@ -29,23 +29,24 @@ if TYPE_CHECKING:
 
 MEANS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
 
-_traced = threading.local()  # the global batch while one of our steps is traced
+_traced = threading.local()  # (global batch, this worker's rows) while one of our steps is traced
 
 
 @contextlib.contextmanager
-def global_batch_reduction(global_batch: int) -> Iterator[None]:
-    """While a step is traced in this block, Keras' losses divide by global divisors (see module doc).
+def global_batch_reduction(global_batch: int, rows: int) -> Iterator[None]:
+    """While a step on this worker's `rows` is traced in this block, Keras' losses divide by global
+    divisors (see module doc).
 
     Outside it (a model's own step, the driver's checks, anything else in the process) Keras'
     reduction is unchanged.
     """
     _install()
-    before = getattr(_traced, "global_batch", None)
-    _traced.global_batch = global_batch
+    before = getattr(_traced, "batches", None)
+    _traced.batches = (global_batch, rows)
     try:
         yield
     finally:
-        _traced.global_batch = before
+        _traced.batches = before
 
 
 def keras_loss(identifier: Any) -> keras.losses.Loss:
@@ -64,24 +65,23 @@ def _install() -> None:
         keras_reduce = module.reduce_weighted_values
 
         def reduce_weighted_values(values, sample_weight=None, mask=None, reduction="sum_over_batch_size", dtype=None):
-            global_batch = getattr(_traced, "global_batch", None)
-            if global_batch is None or reduction not in MEANS:
+            batches = getattr(_traced, "batches", None)
+            if batches is None or reduction not in MEANS:
                 return keras_reduce(values, sample_weight, mask, reduction, dtype)
-            return _globally(keras_reduce, global_batch, values, sample_weight, mask, reduction, dtype)
+            return _globally(keras_reduce, batches, values, sample_weight, mask, reduction, dtype)
 
         reduce_weighted_values.__wrapped__ = keras_reduce
         module.reduce_weighted_values = reduce_weighted_values
 
 
-def _globally(keras_reduce, global_batch: int, values, sample_weight, mask, reduction: str, dtype):
+def _globally(keras_reduce, batches: tuple[int, int], values, sample_weight, mask, reduction: str, dtype):
     """Keras' weighted sum of this worker's values over the global divisor."""
     import tensorflow as tf
     from keras import ops
 
     values = ops.convert_to_tensor(values, dtype=dtype)
-    rows = values.shape[0] if values.shape.rank else None
-    if rows is None or values.shape.num_elements() == 0:  # a scalar: a mean over its rows, one share per worker
-        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    if values.shape.rank == 0 or values.shape.num_elements() == 0:  # Keras leaves these as they are
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync  # a scalar: a mean over its rows, a share each
         return keras_reduce(values, sample_weight, mask, reduction, dtype) / replicas
     summed = keras_reduce(values, sample_weight, mask, "sum", dtype)  # the mask as 0/1 weights
     if reduction == "mean_with_sample_weight" and (sample_weight is not None or mask is not None):
@@ -91,8 +91,8 @@ def _globally(keras_reduce, global_batch: int, values, sample_weight, mask, redu
         divisor = _summed_over_workers(ops.sum(weights))
     elif mask is not None:  # Keras: the kept elements' count (`apply_mask`)
         divisor = _summed_over_workers(ops.sum(ops.cast(mask, values.dtype)))
-    elif values.shape.is_fully_defined():
-        divisor = ops.cast(values.shape.num_elements() * global_batch / rows, values.dtype)
+    elif values.shape.is_fully_defined() and values.shape[0] == batches[1]:  # a value per row (and more): B/b times
+        divisor = ops.cast(values.shape.num_elements() * batches[0] / batches[1], values.dtype)
     else:
         divisor = _summed_over_workers(ops.cast(ops.size(values), values.dtype))
     return ops.divide_no_nan(summed, divisor)

@@ -79,10 +79,12 @@ class Steps:
         row or per element, as `fit` takes them): Keras' loss over the global batch (`loss_reduction`),
         weighted as `loss_weights` say, plus its 1/N of the regularizers (Keras adds them to train and
         test losses alike)."""
+        import keras
         import tensorflow as tf
 
         heads = self.heads
-        with global_batch_reduction(self.global_batch_size):
+        rows = int(keras.tree.flatten(y)[0].shape[0])  # this worker's, known when the step is traced
+        with global_batch_reduction(self.global_batch_size, rows):
             each = [
                 h.loss(y_k, p_k, w) for h, y_k, p_k in zip(heads, listed(y, heads), listed(y_pred, heads), strict=True)
             ]

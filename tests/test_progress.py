@@ -9,6 +9,7 @@ import io
 import pytest
 
 from rayparallel.cluster.progress import ConsoleProgress
+from rayparallel.recorder.events import CheckpointWritten, EpochEnded, Progress
 
 from .helpers import REPO
 
@@ -19,9 +20,9 @@ class Terminal(io.StringIO):
 
 
 EVENTS = [
-    {"kind": "progress", "epoch": 1, "step": 10, "steps": 40, "loss": 0.5, "samples_per_s": 800.0, "seconds": 1.0},
-    {"kind": "progress", "epoch": 1, "step": 30, "steps": 40, "loss": 0.25, "samples_per_s": 800.0, "seconds": 3.0},
-    {"kind": "epoch", "epoch": 1, "logs": {"loss": 0.2, "val_loss": 0.3, "samples_per_s": 800.0}, "seconds": 4.0},
+    Progress(epoch=1, step=10, steps=40, loss=0.5, samples_per_s=800.0, seconds=1.0),
+    Progress(epoch=1, step=30, steps=40, loss=0.25, samples_per_s=800.0, seconds=3.0),
+    EpochEnded(epoch=1, logs={"loss": 0.2, "val_loss": 0.3, "samples_per_s": 800.0}, seconds=4.0),
 ]
 
 
@@ -63,10 +64,10 @@ def test_saved_lines_follow_their_epoch_and_slow_input_is_a_warning():
     progress = ConsoleProgress(epochs=3, stream=stream)
     figures = {"loss": 0.2, "samples_per_s": 800.0}
     events = [
-        {"kind": "checkpoint", "epoch": 1, "file": "ckpt/epoch-001.weights.h5"},  # written before its line arrived
-        {"kind": "epoch", "epoch": 1, "logs": dict(figures, input_wait_fraction=0.001), "seconds": 4.0},
-        {"kind": "epoch", "epoch": 2, "logs": dict(figures, input_wait_fraction=0.32), "seconds": 4.0},
-        {"kind": "checkpoint", "epoch": 2, "file": "ckpt/epoch-002.weights.h5"},  # after later lines: in order
+        CheckpointWritten(epoch=1, file="ckpt/epoch-001.weights.h5"),  # written before its line arrived
+        EpochEnded(epoch=1, logs=dict(figures, input_wait_fraction=0.001), seconds=4.0),
+        EpochEnded(epoch=2, logs=dict(figures, input_wait_fraction=0.32), seconds=4.0),
+        CheckpointWritten(epoch=2, file="ckpt/epoch-002.weights.h5"),  # after later lines: in order
     ]
     for event in events:
         progress.show(event)

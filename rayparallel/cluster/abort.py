@@ -16,13 +16,13 @@ import ray
 from ray.exceptions import RayActorError
 
 from ..hooks import hook
+from ..recorder.events import ControllerStarted
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
 ControllerCallback = hook("controller_callback")  # a base class: resolved when this module is imported
 
-CONTROLLER_EVENT = "controller"
 ABORT_TIMEOUT_S = 60.0
 
 
@@ -34,7 +34,7 @@ class ControllerAnnounced(ControllerCallback):
 
     def after_controller_start(self, train_run_context) -> None:
         # not awaited: the controller's loop is async, and a blocking get there would stall it
-        self._recorder.announce.remote(CONTROLLER_EVENT, handle=ray.get_runtime_context().current_actor)
+        self._recorder.announce.remote(ControllerStarted(ray.get_runtime_context().current_actor))
 
 
 def abort_training(controller: ActorHandle | None, fit_thread: threading.Thread) -> None:

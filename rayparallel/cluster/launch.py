@@ -33,6 +33,7 @@ from ..errors import RayParallelError, RunFailedError, StepTimeoutError, first_l
 from ..files import WriteError, atomic_write_text
 from ..hooks import env_defaults
 from ..recorder.actor import RECORDER_RESTARTS, RecorderActor, recorder_name
+from ..recorder.events import ControllerStarted, EpochEnded, Event, Resized, TrackingStarted
 from ..recorder.journal import JOURNAL
 from ..result import TrainResult, describe_stop
 from ..secrets import mask, mask_text
@@ -41,7 +42,7 @@ from ..startup import describe, relative
 from ..tracking.mlflow_run import tracking_uri_as_set
 from ..worker.loop import train_loop_per_worker
 from . import connect as cluster
-from .abort import CONTROLLER_EVENT, ControllerAnnounced, abort_training
+from .abort import ControllerAnnounced, abort_training
 from .backend import TensorflowBackendConfig, trainer_class
 from .progress import ConsoleProgress, describe_resize, format_logs
 from .run_state import RunPlan, folder_held
@@ -204,19 +205,19 @@ def _trainer(run: Launch, actor: ActorHandle, scaling_config: ScalingConfig) -> 
     )
 
 
-def _show(run: Launch, actor: ActorHandle, say: Say, progress: ConsoleProgress | None, event: dict) -> None:
+def _show(run: Launch, actor: ActorHandle, say: Say, progress: ConsoleProgress | None, event: Event) -> None:
     """One of the recorder's events on the console (and, for an epoch, to `on_epoch`)."""
     state = run.plan.state
-    if event["kind"] == "mlflow":  # the run exists: say where, and record it for --resume
-        say(_tracking_line("started", event["info"]))
-        state.mlflow_run_id = event["info"]["run_id"]
+    if isinstance(event, TrackingStarted):  # the run exists: say where, and record it for --resume
+        say(_tracking_line("started", event.info))
+        state.mlflow_run_id = event.info["run_id"]
         state.save(run.output_dir)
-    elif event["kind"] == "resize":
-        say(f"rayparallel: {describe_resize(event['resize'])}")
+    elif isinstance(event, Resized):
+        say(f"rayparallel: {describe_resize(event.resize)}")
     elif progress:
         progress.show(event)
-    if event["kind"] == "epoch" and run.on_epoch:
-        reason = run.on_epoch(event["epoch"], event["logs"])
+    if isinstance(event, EpochEnded) and run.on_epoch:
+        reason = run.on_epoch(event.epoch, event.logs)
         if reason:
             actor.request_stop.remote(reason)
 
@@ -290,8 +291,8 @@ def _run_with_progress(
         while True:
             thread.join(timeout=0.5)
             for event in ray.get(actor.drain.remote()):
-                if event["kind"] == CONTROLLER_EVENT:
-                    controller = event["handle"]
+                if isinstance(event, ControllerStarted):
+                    controller = event.handle
                 else:
                     show(event)
             if not thread.is_alive():

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from ..recorder.events import CheckpointWritten, EpochEnded, Progress, RunWarning
+
 # Figures `result.json` and MLflow keep that Keras' epoch line does not show (samples/s has its own place).
 NOT_SHOWN = ("epoch", "samples_per_s", "input_wait_fraction")
 # Workers that waited for data this share of an epoch or more: input holds training back, say so.
@@ -31,19 +33,18 @@ def describe_resize(resize: dict) -> str:
     )
 
 
-def progress_bar(event: dict, width: int = 20) -> str:
+def progress_bar(event: Progress, width: int = 20) -> str:
     """The running epoch as Keras' `Progbar` shows it: steps, bar, ETA, time per step, running loss.
 
-    >>> progress_bar({"step": 5, "steps": 20, "seconds": 2.0, "loss": 0.25})
+    >>> progress_bar(Progress(epoch=1, step=5, steps=20, loss=0.25, samples_per_s=80.0, seconds=2.0))
     '5/20 ━━━━━─────────────── 6s 400ms/step - loss: 0.2500'
     """
-    step, steps, seconds = event["step"], event["steps"], event.get("seconds") or 0.0
+    step, steps, seconds = event.step, event.steps, event.seconds or 0.0
     done = width * step // steps
     bar = "━" * done + "─" * (width - done)
     per_step = seconds / max(step, 1)
     return (
-        f"{step}/{steps} {bar} {per_step * (steps - step):.0f}s {per_step * 1000:.0f}ms/step - "
-        f"loss: {event['loss']:.4f}"
+        f"{step}/{steps} {bar} {per_step * (steps - step):.0f}s {per_step * 1000:.0f}ms/step - loss: {event.loss:.4f}"
     )
 
 
@@ -57,38 +58,38 @@ class ConsoleProgress:
         self._live = self.stream.isatty()
         self._epoch_shown = 0
         self._epoch_ended = 0  # the last epoch whose line was shown
-        self._saves_held: list[dict] = []
+        self._saves_held: list[CheckpointWritten] = []
 
-    def show(self, event: dict) -> None:
-        if event["kind"] == "warning":
-            self._line(("\n" if self._live else "") + f"WARNING {event['text']}")
+    def show(self, event: Progress | EpochEnded | CheckpointWritten | RunWarning) -> None:
+        if isinstance(event, RunWarning):
+            self._line(("\n" if self._live else "") + f"WARNING {event.text}")
             return
-        if event["kind"] == "checkpoint":  # written by the actor, so no epoch header
+        if isinstance(event, CheckpointWritten):  # written by the actor, so no epoch header
             self._saves_held.append(event)
             self._show_saves()
             return
-        if event["epoch"] != self._epoch_shown:
-            self._epoch_shown = event["epoch"]
-            self._line(f"Epoch {event['epoch']}/{self.epochs}")
-        if event["kind"] == "progress":
+        if event.epoch != self._epoch_shown:
+            self._epoch_shown = event.epoch
+            self._line(f"Epoch {event.epoch}/{self.epochs}")
+        if isinstance(event, Progress):
             if self._live:  # a log file gets the epoch's line only
                 self.stream.write("\r" + progress_bar(event) + "\x1b[K")
                 self.stream.flush()
             return
-        logs = event["logs"]
-        text = f"{event['seconds']:.1f}s - {format_logs(logs)} - {logs['samples_per_s']:.0f} samples/s"
+        logs = event.logs
+        text = f"{event.seconds:.1f}s - {format_logs(logs)} - {logs['samples_per_s']:.0f} samples/s"
         self._line(("\r\x1b[K" if self._live else "") + text)
-        warning = input_warning(event["epoch"], logs)
+        warning = input_warning(event.epoch, logs)
         if warning:
             self._line(f"WARNING {warning}")
-        self._epoch_ended = max(self._epoch_ended, event["epoch"])
+        self._epoch_ended = max(self._epoch_ended, event.epoch)
         self._show_saves()
 
     def _show_saves(self) -> None:
-        ready = [e for e in self._saves_held if e["epoch"] <= self._epoch_ended]
-        self._saves_held = [e for e in self._saves_held if e["epoch"] > self._epoch_ended]
+        ready = [e for e in self._saves_held if e.epoch <= self._epoch_ended]
+        self._saves_held = [e for e in self._saves_held if e.epoch > self._epoch_ended]
         for event in ready:
-            self._line(f"Epoch {event['epoch']}: saved {event['file']}")
+            self._line(f"Epoch {event.epoch}: saved {event.file}")
 
     def _line(self, text: str) -> None:
         self.stream.write(text + "\n")

@@ -32,7 +32,17 @@ from ..files import WriteError, free_space
 from ..hooks import set_env_defaults
 from ..spec import JobSpec
 from ..spec.references import add_search_path
-from .events import EpochHistory, EventLog
+from .events import (
+    CheckpointWritten,
+    EpochEnded,
+    EpochHistory,
+    Event,
+    EventLog,
+    Progress,
+    Resized,
+    RunWarning,
+    TrackingStarted,
+)
 from .journal import RecorderJournal
 from .mlflow_record import MlflowRecord
 from .registry import WorkerRegistry
@@ -92,7 +102,7 @@ class RunRecorder:
         resize, changed, complete = self._registry.register(info)
         self._record_journal()
         if resize:
-            self._events.add("resize", resize=resize)
+            self._events.add(Resized(resize))
         if changed and self._mlflow:
             self._mlflow.workers_changed(info["world"], info["global_step"])
         if complete and self._mlflow:
@@ -114,16 +124,14 @@ class RunRecorder:
         self, epoch: int, step: int, steps: int, loss: float, samples_per_s: float, seconds: float = 0.0
     ) -> None:
         """Rank 0's view of the running epoch: `seconds` since it began (for the console's ETA)."""
-        self._events.add(
-            "progress", epoch=epoch, step=step, steps=steps, loss=loss, samples_per_s=samples_per_s, seconds=seconds
-        )
+        self._events.add(Progress(epoch, step, steps, loss, samples_per_s, seconds))
         if self._mlflow:
             self._mlflow.step_loss(loss, global_step=(epoch - 1) * steps + step)
 
     def end_epoch(self, epoch: int, logs: dict, seconds: float) -> None:
         new = self._history.record(epoch, logs)  # re-run after a restart: identical figures, logged once
         self._record_journal()  # before MLflow's queue: a restarted recorder logs what that run lacks
-        self._events.add("epoch", epoch=epoch, logs=dict(logs), seconds=seconds)
+        self._events.add(EpochEnded(epoch, dict(logs), seconds))
         if self._mlflow and new:
             self._mlflow.epoch(epoch, logs)
 
@@ -161,7 +169,7 @@ class RunRecorder:
             if self._mlflow:
                 self._mlflow.unsaved(saved.file)
             return None
-        self._events.add("checkpoint", epoch=saved.epoch, file=str(path))
+        self._events.add(CheckpointWritten(saved.epoch, str(path)))
         self._log_files(path)
         return str(path)
 
@@ -210,17 +218,17 @@ class RunRecorder:
     def ping(self) -> bool:
         return True
 
-    def announce(self, kind: str, **fields) -> None:
+    def announce(self, event: Event) -> None:
         """An event for the driver from a process that has no other way to it (Ray Train's controller)."""
-        self._events.add(kind, **fields)
+        self._events.add(event)
 
-    def drain(self) -> list[dict]:
-        """The events since the last call; first, once, `mlflow` when the MLflow run exists."""
+    def drain(self) -> list[Event]:
+        """The events since the last call; first, once, `TrackingStarted` when the MLflow run exists."""
         announced = self._mlflow.announcement() if self._mlflow else None
         if announced:
             self._record_journal()  # the MLflow run's id, for a restart to go on with
         events = self._events.drain()
-        return [{"kind": "mlflow", "info": announced}, *events] if announced else events
+        return [TrackingStarted(announced), *events] if announced else events
 
     def summary(self) -> dict[str, Any]:
         writer = self._writer
@@ -238,7 +246,7 @@ class RunRecorder:
 
     # -- internals ----------------------------------------------------------------------
     def _warn(self, text: str) -> None:
-        self._events.add("warning", text=text)
+        self._events.add(RunWarning(text))
 
     def _record_journal(self) -> None:
         had_error = self._journal.error

@@ -1,8 +1,72 @@
-"""What the driver shows of a run: progress events in arrival order, drained by its console."""
+"""What the driver shows of a run: progress events in arrival order, drained by its console.
+
+Each kind of event is its own frozen dataclass: they cross from the recorder actor (and Ray
+Train's controller) to the driver, where a misspelt field fails when the event is made, not
+when the console reads it.
+"""
 
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Rank 0's view of the running epoch; `seconds` since it began (for the console's ETA)."""
+
+    epoch: int
+    step: int
+    steps: int
+    loss: float
+    samples_per_s: float
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class EpochEnded:
+    epoch: int
+    logs: dict
+    seconds: float
+
+
+@dataclass(frozen=True)
+class CheckpointWritten:
+    epoch: int
+    file: str
+
+
+@dataclass(frozen=True)
+class RunWarning:
+    text: str
+
+
+@dataclass(frozen=True)
+class Resized:
+    """A worker group restarted with another size (`WorkerRegistry.register`'s record of it)."""
+
+    resize: dict
+
+
+@dataclass(frozen=True)
+class TrackingStarted:
+    """The MLflow run exists: where it is (`MlflowRecord.announcement`)."""
+
+    info: dict
+
+
+@dataclass(frozen=True)
+class ControllerStarted:
+    """Ray Train's controller, which has no other way to the driver, hands over its handle."""
+
+    handle: ActorHandle
+
+
+Event = Progress | EpochEnded | CheckpointWritten | RunWarning | Resized | TrackingStarted | ControllerStarted
 
 
 class EventLog:
@@ -10,13 +74,13 @@ class EventLog:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._events: list[dict] = []
+        self._events: list[Any] = []
 
-    def add(self, kind: str, **fields) -> None:
+    def add(self, event: Event) -> None:
         with self._lock:
-            self._events.append({"kind": kind, **fields})
+            self._events.append(event)
 
-    def drain(self) -> list[dict]:
+    def drain(self) -> list[Event]:
         with self._lock:
             events, self._events = self._events, []
         return events

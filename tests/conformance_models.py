@@ -131,38 +131,50 @@ def regression_rows():
 
 
 WORDS = ["good", "bad", "film", "plot", "actor", "long", "fun", "dull", "scene", "music"]
+GENRES = ["drama", "comedy", "horror", "documentary"]
 
 
 def reviews(rows: int = 64, val_rows: int = 16, words: int = 6):
-    """Raw text (str, one per row) and whether "good" or "fun" outnumber "bad" or "dull"."""
+    """Raw text and a genre (str, one each per row) and whether "good" or "fun" outnumber "bad" or "dull"
+    (a comedy counts one more "fun")."""
     rng = np.random.default_rng(11)
     texts = [" ".join(rng.choice(WORDS, words)) for _ in range(rows + val_rows)]
+    genres = rng.choice(GENRES, rows + val_rows)
     score = [
-        sum(t.split().count(w) for w in ("good", "fun")) - sum(t.split().count(w) for w in ("bad", "dull"))
-        for t in texts
+        sum(t.split().count(w) for w in ("good", "fun"))
+        - sum(t.split().count(w) for w in ("bad", "dull"))
+        + (g == "comedy")
+        for t, g in zip(texts, genres, strict=True)
     ]
-    x = np.array(texts).reshape(-1, 1)
+    x = (np.array(texts).reshape(-1, 1), genres.reshape(-1, 1))
     y = (np.array(score) > 0).astype("float32").reshape(-1, 1)
-    return {"x_train": x[:rows], "y_train": y[:rows], "x_val": x[rows:], "y_val": y[rows:]}
+    split = {"train": slice(0, rows), "val": slice(rows, None)}
+    return {f"{k}_{name}": (tuple(a[s] for a in x) if k == "x" else y[s]) for name, s in split.items() for k in "xy"}
 
 
 def text_classifier(batch_size: int, tokens: int = 6):
-    """keras-io "Text classification from scratch", end to end: a `TextVectorization` layer inside the model
-    takes the raw strings (adapted in the builder on the training texts, so every worker's is the same)."""
+    """keras-io "Text classification from scratch" end to end, with a structured-data example's string
+    feature: `TextVectorization` and `StringLookup` inside the model take the raw strings (adapted in the
+    builder on the training rows, so every worker's is the same)."""
     import keras
 
+    data = reviews()
     vectorize = keras.layers.TextVectorization(max_tokens=len(WORDS) + 2, output_sequence_length=tokens)
-    vectorize.adapt(reviews()["x_train"][:, 0].astype(str))
-    inputs = keras.Input(batch_shape=(batch_size, 1), dtype="string")
-    x = keras.layers.Embedding(len(WORDS) + 2, 8)(vectorize(inputs))
-    x = keras.layers.GlobalAveragePooling1D()(x)
-    model = keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(x))
+    vectorize.adapt(data["x_train"][0][:, 0])
+    lookup = keras.layers.StringLookup(vocabulary=GENRES, output_mode="one_hot")
+    text = keras.Input(batch_shape=(batch_size, 1), dtype="string")
+    genre = keras.Input(batch_shape=(batch_size, 1), dtype="string")
+    words = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(len(WORDS) + 2, 8)(vectorize(text)))
+    kinds = keras.layers.Reshape((len(GENRES) + 1,))(lookup(genre))
+    hidden = keras.layers.Concatenate()([words, kinds])
+    model = keras.Model([text, genre], keras.layers.Dense(1, activation="sigmoid")(hidden))
     model.compile(optimizer=keras.optimizers.SGD(0.5), loss="binary_crossentropy", metrics=["accuracy"])
     return model
 
 
 def review_batches(global_batch_size: int):
-    """The reviews as keras-io feeds them: `tf.data` batches of (text, label) (`fit` takes no NumPy strings)."""
+    """The reviews as keras-io feeds them: `tf.data` batches of ((text, genre), label) (`fit` takes no
+    NumPy strings)."""
     import tensorflow as tf
 
     data = reviews()

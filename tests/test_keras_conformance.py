@@ -64,8 +64,8 @@ CASES = [
         "the moving averages end in the model as `fit` leaves them",
     ),
     Case(
-        "raw text into a `TextVectorization` layer, from a `tf.data` pipeline (keras-io: text classification "
-        "from scratch)",
+        "raw strings into `TextVectorization` and `StringLookup` layers, from a `tf.data` pipeline (keras-io: "
+        "text classification from scratch, structured data)",
         "text_classifier",
         "review_batches",
         "strings go to the model as `fit` gives them (`fit` takes no NumPy strings)",

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
+
+import pytest
 
 from rayparallel.tracking.mlflow_run import enter_working_directory
 
@@ -56,3 +59,37 @@ def test_mlflows_default_store_is_chosen_without_mlflow_and_the_run_waits_for_it
     assert run.tracking_uri == store and not (tmp_path / "elsewhere.db").exists()
     logged = MlflowClient(store).get_run(run.run_id)
     assert logged.info.status == "FINISHED" and logged.data.metrics == {"loss": 0.5} and logged.data.tags["t"] == "1"
+
+
+@pytest.mark.slow
+def test_a_process_killed_while_mlflow_builds_a_new_sqlite_store_leaves_none_behind(tmp_path):
+    """MLflow's migrations are not one transaction: killed among them, a store was left that no
+    later process could open (CI: "duplicate column name: routing_strategy" after a recorder was
+    killed in its first epoch). Built aside, the real path is either absent or whole."""
+    import signal
+    import subprocess
+    import sys
+
+    from rayparallel.tracking.sqlite_store import mlflow_client
+
+    database = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{database}"
+    builder = subprocess.Popen(
+        [sys.executable, "-c", f"from rayparallel.tracking.sqlite_store import mlflow_client; mlflow_client({uri!r})"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    aside = tmp_path / f".mlflow.db.building-{builder.pid}"
+    deadline = time.monotonic() + 120
+    while not (aside.exists() and aside.stat().st_size > 64 * 1024) and time.monotonic() < deadline:
+        time.sleep(0.05)  # some tables made, the migrations under way
+    builder.send_signal(signal.SIGKILL)
+    builder.wait()
+    assert aside.exists(), "the builder never got to the migrations"
+    assert not database.exists()  # not half a store at the real path
+
+    client = mlflow_client(uri)  # the next process builds its own and opens it
+    run = client.create_run(client.create_experiment("after-a-kill")).info.run_id
+    client.log_metric(run, "loss", 0.5)
+    assert [m.value for m in client.get_metric_history(run, "loss")] == [0.5]
+    assert {p.name for p in tmp_path.iterdir()} == {"mlflow.db", aside.name}  # the dead one's copy only

@@ -22,6 +22,7 @@ from typing import Any
 from ..errors import first_line
 from ..hooks import set_env_defaults
 from ..secrets import mask, mask_text, without_credentials
+from .sqlite_store import mlflow_client
 
 
 def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
@@ -240,10 +241,9 @@ class MlflowRun:
 
     def _apply(self, kind: str, payload: dict) -> None:
         from mlflow.entities import Metric, Param, RunTag
-        from mlflow.tracking import MlflowClient
 
         enter_working_directory(self._working_directory)
-        client = MlflowClient(self.tracking_uri)
+        client = mlflow_client(self.tracking_uri)
         if kind == "start":
             resumed = self.run_id is not None
             self.experiment_id, self.run_id = open_run(

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import RayParallelError, first_line
 from ..secrets import mask_text
 from .mlflow_run import log_keras_model, open_run, run_url
+from .sqlite_store import mlflow_client
 
 if TYPE_CHECKING:
     import keras
@@ -25,11 +26,9 @@ class SweepRun:
     """The parent run: created (or, for a resumed sweep, reopened) at construction."""
 
     def __init__(self, tracking_uri: str, experiment: str, run_name: str, run_id: str | None = None):
-        from mlflow.tracking import MlflowClient
-
         self.tracking_uri, self.experiment = tracking_uri, experiment
-        self.client = MlflowClient(tracking_uri)
         try:
+            self.client = mlflow_client(tracking_uri)
             self.experiment_id, self.run_id = open_run(self.client, tracking_uri, experiment, run_name, run_id)
         except Exception as exc:  # MLflow raises its own and the HTTP client's errors
             raise RayParallelError(

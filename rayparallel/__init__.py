@@ -4,7 +4,7 @@
 >>> result = rayparallel.train("jobs/stateful_lstm.yaml", overrides=["train.epochs=2"])  # doctest: +SKIP
 """
 
-from .api import train, tune, validate
+from .api import fit, train, tune, validate
 from .checkpoint.export import Exported, export, load_model
 from .errors import RayParallelError
 from .result import TrainResult
@@ -13,6 +13,7 @@ from .sweep.result import SweepResult
 from .version import __version__
 
 __all__ = [
+    "fit",
     "train",
     "tune",
     "validate",

@@ -1,19 +1,22 @@
-"""The public Python API: `train`, `validate` and `tune`."""
+"""The public Python API: `fit`, `train`, `validate` and `tune`."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .result import TrainResult
 from .spec import JobSpec, SpecSource, load_spec
 
 if TYPE_CHECKING:
+    import keras
+
     from .sweep.result import SweepResult
 
 
@@ -67,6 +70,86 @@ def train(
         resume=resume,
         started_at=time.time(),
     )
+
+
+def fit(
+    build: Callable[..., keras.Model],
+    x: Any = None,
+    y: Any = None,
+    *,
+    batch_size: int | None = None,
+    epochs: int = 1,
+    validation_data: Any = None,
+    sample_weight: Any = None,
+    class_weight: dict | None = None,
+    callbacks: list[keras.callbacks.Callback] | None = None,
+    shuffle: bool = True,
+    steps_per_epoch: int | None = None,
+    validation_steps: int | None = None,
+    num_workers: int = 2,
+    use_gpu: bool = False,
+    name: str | None = None,
+    output_dir: str | os.PathLike | None = None,
+    overrides: Iterable[str] = (),
+    verbose: bool = True,
+    worker_logs: bool = False,
+    resume: bool | None = None,
+    **settings: Any,
+) -> TrainResult:
+    """`model.fit` on `num_workers` Ray Train workers, from a notebook or a script: no YAML, no module.
+
+    `build(batch_size)` returns the model (compiled or not) for a worker's rows; it may live in a
+    notebook cell or `__main__` (Ray sends it to the workers by value). The data arguments mean
+    what they mean in `fit`; `batch_size` is the global batch; `shuffle=False` keeps row order
+    (`layout: streams`, for stateful models). Arrays go to Ray's object store once. Other job
+    settings as a section's dict (`mlflow={"experiment": "x"}`) or `overrides` (`"run.seed=1"`).
+
+    >>> result = rayparallel.fit(build, x, y, batch_size=32, epochs=3, validation_data=(xv, yv))  # doctest: +SKIP
+    >>> model = rayparallel.load_model(result.checkpoint_dir, batch_size=1)  # doctest: +SKIP
+    """
+    from .data.in_memory import InMemoryData, fit_data
+
+    _check_fit_arguments(batch_size, settings)
+    job = {
+        "name": name or _run_name(build),
+        "model": {"builder": build},
+        "data": {
+            "loader": InMemoryData(fit_data(x, y, validation_data, sample_weight)),
+            "layout": "shuffle" if shuffle else "streams",
+        },
+        "train": dict(
+            global_batch_size=batch_size,
+            epochs=epochs,
+            class_weight=class_weight,
+            callbacks=list(callbacks or []),
+            steps_per_epoch=steps_per_epoch,
+            validation_steps=validation_steps,
+        ),
+        "scaling": {"num_workers": num_workers, "use_gpu": use_gpu},
+    }
+    for section, values in settings.items():  # an unknown section: the spec's own error names the known ones
+        job[section] = {**job[section], **values} if isinstance(job.get(section), dict) else values
+    return train(
+        job, overrides=overrides, output_dir=output_dir, verbose=verbose, worker_logs=worker_logs, resume=resume
+    )
+
+
+def _check_fit_arguments(batch_size: Any, settings: dict) -> None:
+    """What `fit` takes and rayparallel does not (`validation_split`), or must have (`batch_size`)."""
+    from .errors import SpecError
+
+    if "validation_split" in settings:
+        raise SpecError(
+            "validation_split: expected validation_data=(x_val, y_val) (rayparallel.fit does not split), "
+            f"received validation_split={settings['validation_split']!r}"
+        )
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool):
+        raise SpecError(f"batch_size: expected the global batch size (an integer), received {batch_size!r}")
+
+
+def _run_name(build: Callable) -> str:
+    """`fit-<the builder's name>`, in the letters a run's name may have."""
+    return "fit-" + re.sub(r"[^A-Za-z0-9._-]+", "-", getattr(build, "__name__", "model")).strip("-")
 
 
 def tune(

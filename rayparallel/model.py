@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from .errors import ModelError, describe
 from .spec import ModelSpec
-from .spec.references import resolve
+from .spec.references import reference_name, resolve
 
 if TYPE_CHECKING:
     import keras
@@ -27,7 +27,9 @@ def build_model(spec: ModelSpec, batch_size: int, dtype_policy: str = "float32")
     with _dtype_policy(dtype_policy):
         model = builder(batch_size=batch_size, **spec.kwargs)
     if not isinstance(model, keras.Model):
-        raise ModelError(f"model.builder: expected a keras.Model, received {describe(model)} from {spec.builder!r}")
+        raise ModelError(
+            f"model.builder: expected a keras.Model, received {describe(model)} from {reference_name(spec.builder)!r}"
+        )
     try:
         inputs = model.inputs
     except (AttributeError, ValueError):  # a Sequential without an Input has none yet
@@ -35,7 +37,7 @@ def build_model(spec: ModelSpec, batch_size: int, dtype_policy: str = "float32")
     if not inputs:
         raise ModelError(
             f"model.builder: expected a model with defined inputs, received a {type(model).__name__} without an "
-            f"Input from {spec.builder!r}; start it with keras.Input(batch_shape=(batch_size, ...))"
+            f"Input from {reference_name(spec.builder)!r}; start it with keras.Input(batch_shape=(batch_size, ...))"
         )
     for tensor in inputs:
         fixed = tensor.shape[0]

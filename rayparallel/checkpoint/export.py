@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import RayParallelError, first_line
 from ..model import build_model
 from ..spec import ModelSpec
-from ..spec.references import add_search_path
-from .manifest import read_manifest
+from ..spec.references import add_search_path, reference_name
+from .manifest import read_builder, read_manifest
 
 if TYPE_CHECKING:
     import keras
@@ -88,7 +88,8 @@ def _rebuilt(
         raise RayParallelError(
             f"checkpoint: expected a Keras .weights.h5 (HDF5) file, received {str(path)!r} (corrupt or not HDF5)"
         )
-    recipe = ModelSpec(builder=manifest["model"]["builder"], kwargs=manifest["model"].get("kwargs") or {})
+    builder = read_builder(path.parent, manifest["model"])
+    recipe = ModelSpec(builder=builder, kwargs=manifest["model"].get("kwargs") or {})
     wanted = ModelSpec(recipe.builder, {**recipe.kwargs, **builder_kwargs})
     import_tensorflow()
     add_search_path([os.getcwd()])  # the builder is imported as from where the job was launched
@@ -115,7 +116,7 @@ def _misfit(recipe: ModelSpec, wanted: ModelSpec, model: keras.Model, path: Path
                     f"with {recipe.kwargs}"
                 )
     return (
-        f"checkpoint: expected weights matching the model of {wanted.builder} with kwargs {wanted.kwargs}, "
+        f"checkpoint: expected weights matching the model of {reference_name(wanted.builder)} with kwargs {wanted.kwargs}, "
         f"received {str(path)!r} that does not fit it ({first})"
     )
 

@@ -17,7 +17,7 @@ from ..errors import RayParallelError
 from ..files import atomic_write
 from ..model import build_model
 from ..spec import JobSpec
-from .manifest import MANIFEST, model_recipe, read_manifest, write_manifest
+from .manifest import MANIFEST, model_recipe, read_manifest, write_builder, write_manifest
 from .policy import Retention, Saved
 
 if TYPE_CHECKING:
@@ -101,4 +101,5 @@ class CheckpointWriter:
     def _write_manifest(self) -> None:
         if self._recipe is None:
             self._recipe = model_recipe(self.spec)
+            write_builder(self.folder, self.spec)
         write_manifest(self.folder, self._recipe, self.retention, self.final)

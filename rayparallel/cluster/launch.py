@@ -148,7 +148,7 @@ def _prepare_folder(run: Launch, say: Say) -> Path:
             say(f"rayparallel: moved {moved[1]} files of an earlier run aside, to {moved[0]}")
     run.output_dir.mkdir(parents=True, exist_ok=True)
     job_file = run.output_dir / "job.yaml"
-    atomic_write_text(job_file, yaml.safe_dump(mask(run.spec.to_dict()), sort_keys=False), "--output-dir")
+    atomic_write_text(job_file, yaml.safe_dump(mask(run.spec.recorded()), sort_keys=False), "--output-dir")
     state.save(run.output_dir)
     return job_file
 

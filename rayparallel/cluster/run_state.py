@@ -24,6 +24,7 @@ from ..errors import RayParallelError
 from ..files import atomic_write_text
 from ..secrets import MASK, mask
 from ..spec import JobSpec, load_spec
+from ..spec.references import named
 
 RUN_FILE = "run.json"
 LOCK_FILE = ".rayparallel.lock"
@@ -118,9 +119,15 @@ def differences(a: dict, b: dict, prefix: str = "") -> list[str]:
 
 
 def _unmasked(recorded: object, requested: object) -> object:
+    """The recorded job with the requested values where job.yaml could only name them: masked
+    secrets, and functions given themselves (`rayparallel.fit`'s builder), recorded by name."""
     if isinstance(recorded, dict) and isinstance(requested, dict):
         return {key: _unmasked(value, requested.get(key)) for key, value in recorded.items()}
+    if isinstance(recorded, list) and isinstance(requested, list) and len(recorded) == len(requested):
+        return [_unmasked(value, asked) for value, asked in zip(recorded, requested, strict=True)]
     if isinstance(recorded, str) and MASK in recorded and requested is not None and mask(requested) == recorded:
+        return requested
+    if isinstance(recorded, str) and not isinstance(requested, str) and named(requested) == recorded:
         return requested
     return recorded
 

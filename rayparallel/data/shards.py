@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import DataError, describe
 from ..spec import DataSpec, Shard
-from ..spec.references import resolve
+from ..spec.references import reference_name, resolve
 from ..spec.schema import rank_rows
 
 
@@ -103,16 +103,17 @@ def describe_arrays(spec: DataSpec, data: Data) -> dict:
     """What MLflow records of a loader's data (`mlflow.log_input`): source, schema, digest, rows."""
     import hashlib
 
-    digest = hashlib.sha256(repr([spec.loader, spec.kwargs]).encode())
+    source = reference_name(spec.loader)
+    digest = hashlib.sha256(repr([source, spec.kwargs]).encode())
     schema = {}
     for prefix, values in (("x", data.train.x), ("y", data.train.y)):
         for key, array in _leaves(values):
             schema[prefix + key] = [str(array.dtype), list(array.shape[1:])]
             digest.update(np.ascontiguousarray(array[:: max(1, len(array) // 64)]).tobytes())  # 64 rows spread out
     return {
-        "name": f"train: {spec.loader}",
+        "name": f"train: {source}",
         "context": "training",
-        "source": spec.loader,
+        "source": source,
         "schema": schema,
         "rows": data.train.rows,
         "digest": digest.hexdigest()[:10],

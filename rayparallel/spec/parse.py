@@ -12,13 +12,14 @@ import os
 import re
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal, Union
 
 import yaml
 
 from ..errors import SpecError, describe, first_line
+from .references import check_picklable
 from .schema import JobSpec
 
 _POSITIVE = {
@@ -215,6 +216,9 @@ def _check_values(spec: JobSpec) -> None:
     for key, ref in refs.items():
         if ref is None:
             continue
+        if callable(ref):
+            check_picklable(ref, key)
+            continue
         module, sep, attr = ref.partition(":")
         if not (sep and module and attr):
             raise SpecError(f"{key}: expected 'module:function', received {ref!r}")
@@ -310,6 +314,7 @@ def _type_name(hint: Any) -> str:
         dict: "a mapping",
         list: "a list",
         type(None): "null",
+        Callable: "a function",
     }
     if typing.get_origin(hint) in (Union, types.UnionType):
         return " or ".join(_type_name(h) for h in typing.get_args(hint))

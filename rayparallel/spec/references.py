@@ -1,8 +1,13 @@
-"""Resolve the spec's `"module:function"` references to callables.
+"""Resolve the spec's references to callables: `"module:function"` strings, or the functions themselves.
 
 The driver, the workers and the run's recorder all resolve the same references, so each
 process puts the same `search_path` (the driver's working directory) first on `sys.path`,
 once, where it starts: `rayparallel.api`, the worker loop, the recorder, and export.
+
+A function given itself (`rayparallel.fit`'s builder, one defined in a notebook cell or in
+`__main__`) is not imported anywhere: Ray pickles it by value with the spec (cloudpickle), so
+it must be picklable (`check_picklable`). What is written down (job.yaml, MLflow params, the
+manifest) names it as `module:qualname` (`named`).
 """
 
 from __future__ import annotations
@@ -11,8 +16,10 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Iterable
+from typing import Any
 
-from ..errors import SpecError
+from ..errors import SpecError, first_line
+from .schema import Reference
 
 
 def add_search_path(paths: Iterable[str]) -> None:
@@ -22,8 +29,10 @@ def add_search_path(paths: Iterable[str]) -> None:
             sys.path.insert(0, path)
 
 
-def resolve(ref: str, key: str) -> Callable:
-    """`"jobs.stateful_lstm:build_model"` -> the function; a clear error if it does not resolve."""
+def resolve(ref: Reference, key: str) -> Callable:
+    """`"jobs.stateful_lstm:build_model"` -> the function (a function given itself stays as it is)."""
+    if callable(ref):
+        return ref
     module_name, _, attr = ref.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -40,3 +49,48 @@ def resolve(ref: str, key: str) -> Callable:
     if not callable(target):
         raise SpecError(f"{key}: expected a callable, received {ref!r} ({type(target).__name__})")
     return target
+
+
+def reference_name(ref: Any) -> Any:
+    """How a reference is written down: a string as it is, a function (or a class) as `module:qualname`.
+
+    >>> reference_name("jobs.stateful_lstm:build_model"), reference_name(reference_name)
+    ('jobs.stateful_lstm:build_model', 'rayparallel.spec.references:reference_name')
+    """
+    if isinstance(ref, str) or not callable(ref):
+        return ref
+    name = getattr(ref, "__qualname__", None) or type(ref).__qualname__
+    return f"{getattr(ref, '__module__', None) or type(ref).__module__}:{name}"
+
+
+def named(tree: Any) -> Any:
+    """A copy of a spec's dict whose functions and other objects (a callback instance) are written by name,
+    as YAML, MLflow params and the manifest record them.
+
+    >>> named({"model": {"builder": reference_name, "kwargs": {"units": 8}}, "train": {"metrics": ["mae"]}})
+    {'model': {'builder': 'rayparallel.spec.references:reference_name', 'kwargs': {'units': 8}}, 'train': {'metrics': ['mae']}}
+    """
+    if isinstance(tree, dict):
+        return {key: named(value) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [named(value) for value in tree]
+    if tree is None or isinstance(tree, (str, int, float, bool)):
+        return tree
+    if callable(tree):
+        return reference_name(tree)
+    return f"{type(tree).__module__}:{type(tree).__qualname__}"  # an object: its class
+
+
+def check_picklable(ref: Reference, key: str) -> None:
+    """A function given itself must reach the workers by value: one line naming what could not be pickled."""
+    if isinstance(ref, str):
+        return
+    from ray import cloudpickle
+
+    try:
+        cloudpickle.dumps(ref)
+    except Exception as exc:  # pickling raises TypeError, PicklingError, AttributeError...
+        raise SpecError(
+            f"{key}: expected a function Ray can send to the workers by value (cloudpickle), received "
+            f"{reference_name(ref)} ({type(exc).__name__}: {first_line(exc, 200)})"
+        ) from None

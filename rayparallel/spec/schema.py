@@ -6,9 +6,11 @@ Field names follow the words users already know: Keras' `compile`/`fit` argument
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+Reference = str | Callable  # "module:function", or the function itself (sent to the workers by value)
 Identifier = str | dict  # a Keras identifier: "adam" or {"class_name": ..., "config": ...}
 
 
@@ -28,9 +30,9 @@ def rank_rows(global_batch_size: int, num_workers: int, rank: int) -> tuple[int,
 
 @dataclass
 class ModelSpec:
-    """`builder(batch_size=<per-worker batch>, **kwargs)` returns an uncompiled keras.Model."""
+    """`builder(batch_size=<per-worker batch>, **kwargs)` returns a keras.Model (compiled or not)."""
 
-    builder: str
+    builder: Reference
     kwargs: dict = field(default_factory=dict)
 
 
@@ -78,10 +80,10 @@ class DataSpec:
     every epoch from the seed.
     """
 
-    loader: str | None = None
+    loader: Reference | None = None
     kwargs: dict = field(default_factory=dict)
-    dataset: str | None = None
-    val_dataset: str | None = None
+    dataset: Reference | None = None
+    val_dataset: Reference | None = None
     x: str | list = "x"
     y: str | list = "y"
     layout: Literal["streams", "shuffle"] = "shuffle"
@@ -286,3 +288,9 @@ class JobSpec:
         from dataclasses import asdict
 
         return asdict(self)
+
+    def recorded(self) -> dict[str, Any]:
+        """`to_dict` as job.yaml and MLflow record it: functions by name (`references.named`)."""
+        from .references import named
+
+        return named(self.to_dict())

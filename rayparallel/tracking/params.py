@@ -33,7 +33,7 @@ def run_params(spec: JobSpec) -> dict[str, str]:
 
     from ..version import __version__
 
-    job = spec.to_dict()
+    job = spec.recorded()
     job.pop("tune")  # the sweep's settings, not this run's (a sweep's parent run logs them)
     params = flatten(mask(job))
     params.update(

@@ -40,21 +40,23 @@ def callback_classes(identifiers: list) -> list[tuple[type, dict]]:
     """Each `train.callbacks` entry as (class, keyword arguments); one-line errors otherwise.
 
     An entry is Keras' serialized form, `{class_name: EarlyStopping, config: {...}}` (or just
-    the class name), or a user's class, `{class: module:Class, kwargs: {...}}`.
+    the class name), a user's class, `{class: module:Class, kwargs: {...}}`, or (from
+    `rayparallel.fit`) a callback instance, which each rank gets a copy of; its kwargs are None.
     """
     import keras
 
     resolved = []
     for i, entry in enumerate(identifiers):
         key = f"train.callbacks[{i}]"
+        if isinstance(entry, keras.callbacks.Callback):
+            _refuse(type(entry).__name__, key)
+            resolved.append((type(entry), None))
+            continue
         if isinstance(entry, str):
             entry = {"class_name": entry}
         if isinstance(entry, dict) and set(entry) <= {"class_name", "config"} and "class_name" in entry:
             name, kwargs = entry["class_name"], dict(entry.get("config") or {})
-            if name in REFUSED:
-                raise SpecError(
-                    f"{key}: expected a callback that runs across workers, received {name}; {REFUSED[name]}"
-                )
+            _refuse(name, key)
             cls = getattr(keras.callbacks, str(name), None)
             if not (isinstance(cls, type) and issubclass(cls, keras.callbacks.Callback)):
                 known = ", ".join(CHANGES_TRAINING + tuple(RELATIVE_PATHS))
@@ -64,7 +66,7 @@ def callback_classes(identifiers: list) -> list[tuple[type, dict]]:
             if name in FUNCTIONS and isinstance(kwargs.get(FUNCTIONS[name]), str):
                 kwargs[FUNCTIONS[name]] = resolve(kwargs[FUNCTIONS[name]], f"{key}.config.{FUNCTIONS[name]}")
         elif isinstance(entry, dict) and set(entry) <= {"class", "kwargs"} and "class" in entry:
-            cls, kwargs = resolve(str(entry["class"]), f"{key}.class"), dict(entry.get("kwargs") or {})
+            cls, kwargs = resolve(entry["class"], f"{key}.class"), dict(entry.get("kwargs") or {})
             if not (isinstance(cls, type) and issubclass(cls, keras.callbacks.Callback)):
                 raise SpecError(
                     f"{key}.class: expected a keras.callbacks.Callback subclass, received {entry['class']!r} ({cls!r})"
@@ -84,11 +86,19 @@ def callback_classes(identifiers: list) -> list[tuple[type, dict]]:
     return resolved
 
 
+def _refuse(name: str, key: str) -> None:
+    if name in REFUSED:
+        raise SpecError(f"{key}: expected a callback that runs across workers, received {name}; {REFUSED[name]}")
+
+
 def make_callbacks(identifiers: list, rank: int, output_dir: str) -> list[keras.callbacks.Callback]:
     """The callbacks this rank runs: those that change training everywhere, writers on rank 0."""
     made = []
-    for cls, kwargs in callback_classes(identifiers):
+    for entry, (cls, kwargs) in zip(identifiers, callback_classes(identifiers), strict=True):
         if not (rank == 0 or cls.__name__ in CHANGES_TRAINING or getattr(cls, ALL_RANKS, False)):
+            continue
+        if kwargs is None:  # an instance: this rank's own copy came with the spec (Ray unpickled it here)
+            made.append(entry)
             continue
         path_key = RELATIVE_PATHS.get(cls.__name__)
         if path_key:

@@ -1,0 +1,83 @@
+"""`rayparallel.fit`'s loader: the arrays (or PyDatasets) it was given, returned as a loader returns them.
+
+The driver calls it once and puts the arrays in Ray's object store, where the workers of a
+node read them without a copy (`launch.shared_with_workers`); a PyDataset goes to the batch
+server. Pickled with the spec (to the workers, the recorder), it carries none of them: the
+arrays are never sent once per task.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import DataError, describe
+
+
+class InMemoryData:
+    """A loader over data held by the process that called `rayparallel.fit`."""
+
+    def __init__(self, out: dict[str, Any] | None):
+        self._out = out
+
+    def __call__(self) -> dict[str, Any]:
+        if self._out is None:
+            raise DataError(
+                "data.loader: expected rayparallel.fit's data in the process that called fit, received a copy "
+                "without it (a pickled InMemoryData carries no arrays)"
+            )
+        return self._out
+
+    def __reduce__(self) -> tuple:
+        return (InMemoryData, (None,))
+
+    def __deepcopy__(self, memo: dict) -> InMemoryData:
+        return self  # `JobSpec.to_dict` copies the spec: the arrays stay one
+
+
+def fit_data(x: Any, y: Any, validation_data: Any, sample_weight: Any) -> dict[str, Any]:
+    """`model.fit`'s data arguments as a loader's dict (`x_train`, `y_train`, `x_val`, ...)."""
+    from .keras_inputs import is_dataset, is_tf_data
+
+    for key, value in (("x", x), ("validation_data", validation_data)):
+        if is_tf_data(value):
+            raise DataError(
+                f"{key}: expected arrays or a keras.utils.PyDataset for rayparallel.fit, received a tf.data.Dataset "
+                "(TensorFlow cannot send one to the workers; a job's data.loader may build it in each worker)"
+            )
+    if is_dataset(x):
+        if y is not None or sample_weight is not None:
+            raise DataError("y: expected None with a PyDataset x (its batches hold the targets), as fit says")
+        out: dict[str, Any] = {"x_train": x}
+    else:
+        if y is None:
+            raise DataError(f"y: expected the targets of x's rows, received None beside x of {_rows(x)} rows")
+        if _rows(x) != _rows(y):
+            raise DataError(f"y: expected as many rows as x ({_rows(x)}), received {_rows(y)}")
+        out = {"x_train": x, "y_train": y}
+        if sample_weight is not None:
+            out["sample_weight_train"] = sample_weight
+    if validation_data is None:
+        return out
+    if is_dataset(validation_data):
+        return {**out, "x_val": validation_data}
+    if not isinstance(validation_data, tuple) or len(validation_data) not in (2, 3):
+        raise DataError(
+            "validation_data: expected (x_val, y_val), (x_val, y_val, sample_weight_val) or a PyDataset, "
+            f"received {type(validation_data).__name__}"
+        )
+    out.update(x_val=validation_data[0], y_val=validation_data[1])
+    if len(validation_data) == 3:
+        out["sample_weight_val"] = validation_data[2]
+    return out
+
+
+def _rows(value: Any) -> int:
+    """Rows of an array, or of the first array of a tuple, list or dict of them (the loader's checks say more)."""
+    first = value
+    while isinstance(first, (tuple, list, dict)) and first:
+        first = next(iter(first.values())) if isinstance(first, dict) else first[0]
+    if not hasattr(first, "__len__") or isinstance(first, (str, bytes)):
+        raise DataError(
+            f"x: expected arrays (or a tuple or dict of them) as fit takes them, received {describe(value)}"
+        )
+    return len(first)

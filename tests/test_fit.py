@@ -1,0 +1,176 @@
+"""`rayparallel.fit` as notebook and script users call it: a builder, a custom layer and arrays
+defined in `__main__` (a notebook's kernel, a script), trained on 2 workers, equal to plain Keras
+`fit` in this process; and its bad input, one line each before anything starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import rayparallel
+from rayparallel.errors import RayParallelError
+
+from .helpers import final_weights, max_relative_error
+
+# The notebook's first cell, and the script's top: a stateful model whose custom layer lives in `__main__`
+MODEL_CELL = """\
+import keras
+import numpy as np
+
+
+class Halve(keras.layers.Layer):
+    def call(self, inputs):
+        return inputs * 0.5
+
+
+def build(batch_size):
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input(batch_shape=(batch_size, 6, 1))
+    hidden = keras.layers.LSTM(8, stateful=True)(Halve()(inputs))
+    model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
+    return model
+
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(64, 6, 1)).astype("float32")
+y = x.sum(axis=1) * 0.3
+x_val, y_val = x[:16], y[:16]
+"""
+FIT_CELL = """\
+import rayparallel
+
+result = rayparallel.fit(
+    build, x, y, batch_size=8, epochs=2, shuffle=False, validation_data=(x_val, y_val),
+    num_workers=2, output_dir=OUT, mlflow={"enabled": False},
+)
+print("FINAL", result.final_weights)
+"""
+
+
+@pytest.fixture(scope="module")
+def plain_fit():
+    """The oracle: the cell's model trained by Keras `fit` here, states reset where rayparallel resets them."""
+    import keras
+
+    cell: dict = {}
+    exec(MODEL_CELL, cell)
+
+    class ResetStates(keras.callbacks.Callback):
+        def reset(self, *_):
+            for layer in self.model.layers:
+                if getattr(layer, "stateful", False):
+                    layer.reset_state()
+
+        on_epoch_begin = on_test_begin = on_test_end = reset
+
+    model = cell["build"](8)
+    history = model.fit(
+        cell["x"],
+        cell["y"],
+        batch_size=8,
+        epochs=2,
+        shuffle=False,
+        validation_data=(cell["x_val"], cell["y_val"]),
+        callbacks=[ResetStates()],
+        verbose=0,
+    ).history
+    return model.get_weights(), history
+
+
+def assert_same_as_plain_fit(printed: str, plain_fit, label: str) -> None:
+    """The run's final weights (loaded here, where `Halve` is not defined: the builder came by value) equal fit's."""
+    path = next(line.split(" ", 1)[1] for line in printed.splitlines() if line.startswith("FINAL "))
+    model = rayparallel.load_model(path.rsplit("/", 1)[0], batch_size=1)
+    error = max_relative_error(final_weights(path, lambda batch_size: model), plain_fit[0])
+    print(f"{label}: rayparallel.fit on 2 workers vs Keras fit, max relative weight error {error:.2e}")
+    assert error < 1e-5
+    assert type(model.layers[1]).__name__ == "Halve" and model.inputs[0].shape[0] == 1
+
+
+@pytest.mark.slow
+def test_a_script_whose_builder_lives_in_main_trains_what_fit_trains(ray_address, tmp_path, plain_fit):
+    script = tmp_path / "train_script.py"
+    script.write_text(MODEL_CELL + "\nimport sys\nOUT = sys.argv[1]\n" + FIT_CELL)
+    run = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**__import__("os").environ, "RAY_ADDRESS": ray_address},
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Epoch 2/2" in run.stdout and "val_mae" in run.stdout
+    assert_same_as_plain_fit(run.stdout, plain_fit, "script")
+    recorded = (tmp_path / "out" / "job.yaml").read_text()
+    assert "builder: __main__:build" in recorded and "loader: rayparallel.data.in_memory:InMemoryData" in recorded
+
+
+@pytest.mark.slow
+def test_a_notebook_trains_what_fit_trains_and_shows_the_console(ray_address, tmp_path, plain_fit, monkeypatch):
+    """A real Jupyter kernel runs the cells; the console's lines are the cell's output, the workers' own logs
+    stay held back."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("RAY_ADDRESS", ray_address)  # the kernel joins this session's Ray
+    cells = [MODEL_CELL, f"OUT = {str(tmp_path / 'out')!r}\n" + FIT_CELL]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
+    NotebookClient(
+        notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    printed = "".join(out.get("text", "") for out in notebook.cells[1].outputs if out.output_type == "stream")
+    assert "Epoch 1/2" in printed and "Epoch 2/2" in printed and "finished in" in printed, printed[-2000:]
+    assert "RayTrainWorker" not in printed and "cuda" not in printed.lower()  # held back, as on a terminal
+    assert_same_as_plain_fit(printed, plain_fit, "notebook")
+
+
+def build_dense(batch_size):
+    import keras
+
+    inputs = keras.Input(batch_shape=(batch_size, 3))
+    return keras.Model(inputs, keras.layers.Dense(1)(inputs))
+
+
+ROWS = np.zeros((32, 3), "float32"), np.zeros((32, 1), "float32")
+
+
+@pytest.mark.parametrize(
+    "arguments, expected",
+    [
+        (dict(batch_size=8, validation_split=0.2), "validation_split: expected validation_data=(x_val, y_val)"),
+        ({}, "batch_size: expected the global batch size (an integer), received None"),
+        (dict(batch_size=8, y=ROWS[1][:30]), "y: expected as many rows as x (32), received 30"),
+        (dict(batch_size=8, y=None), "y: expected the targets of x's rows, received None beside x of 32 rows"),
+        (dict(batch_size=8, validation_data=[1, 2]), "validation_data: expected (x_val, y_val)"),
+        (dict(batch_size=8, trian={"epochs": 2}), "trian: unknown key; expected one of ['checkpoint', 'data'"),
+    ],
+    ids=["validation_split", "no_batch_size", "lengths", "no_y", "validation_data", "unknown_setting"],
+)
+def test_bad_input_is_one_line_before_anything_starts(arguments, expected):
+    arguments = {"x": ROWS[0], "y": ROWS[1], **arguments}
+    with pytest.raises(RayParallelError) as info:
+        rayparallel.fit(build_dense, **arguments)
+    assert str(info.value).startswith(expected) and "\n" not in str(info.value), str(info.value)
+
+
+def test_a_builder_that_cannot_be_pickled_and_a_tf_data_x_are_refused():
+    import threading
+
+    import tensorflow as tf
+
+    lock = threading.Lock()
+
+    def build_with_a_lock(batch_size):
+        with lock:
+            return build_dense(batch_size)
+
+    with pytest.raises(RayParallelError, match=r"^model.builder: expected a function Ray can send .*_thread.lock"):
+        rayparallel.fit(build_with_a_lock, *ROWS, batch_size=8)
+    dataset = tf.data.Dataset.from_tensor_slices(ROWS).batch(8)
+    with pytest.raises(RayParallelError, match=r"^x: expected arrays or a keras.utils.PyDataset .* tf.data.Dataset"):
+        rayparallel.fit(build_dense, dataset, batch_size=8)

@@ -4,8 +4,10 @@ defined in `__main__` (a notebook's kernel, a script), trained on 2 workers, equ
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,42 +15,17 @@ import pytest
 import rayparallel
 from rayparallel.errors import RayParallelError
 
-from .helpers import final_weights, max_relative_error
-
-# The notebook's first cell, and the script's top: a stateful model whose custom layer lives in `__main__`
-MODEL_CELL = """\
-import keras
-import numpy as np
+from .helpers import REPO, final_weights, max_relative_error
 
 
-class Halve(keras.layers.Layer):
-    def call(self, inputs):
-        return inputs * 0.5
+def readme_cells() -> list[str]:
+    """The two code blocks of README's "From a notebook" section: the notebook's cells, the script's lines."""
+    section = (REPO / "README.md").read_text().split("## From a notebook", 1)[1].split("\n## ", 1)[0]
+    return [block.split("\n", 1)[1] for block in section.split("```python")[1:]]
 
 
-def build(batch_size):
-    keras.utils.set_random_seed(1)
-    inputs = keras.Input(batch_shape=(batch_size, 6, 1))
-    hidden = keras.layers.LSTM(8, stateful=True)(Halve()(inputs))
-    model = keras.Model(inputs, keras.layers.Dense(1)(hidden))
-    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", metrics=["mae"])
-    return model
-
-
-rng = np.random.default_rng(0)
-x = rng.normal(size=(64, 6, 1)).astype("float32")
-y = x.sum(axis=1) * 0.3
-x_val, y_val = x[:16], y[:16]
-"""
-FIT_CELL = """\
-import rayparallel
-
-result = rayparallel.fit(
-    build, x, y, batch_size=8, epochs=2, shuffle=False, validation_data=(x_val, y_val),
-    num_workers=2, output_dir=OUT, mlflow={"enabled": False},
-)
-print("FINAL", result.final_weights)
-"""
+MODEL_CELL, FIT_CELL = (cell.split("```", 1)[0] for cell in readme_cells())
+FINAL = Path("runs/fit-build/checkpoints/final.weights.h5")  # the default output folder, in the kernel's folder
 
 
 @pytest.fixture(scope="module")
@@ -81,10 +58,10 @@ def plain_fit():
     return model.get_weights(), history
 
 
-def assert_same_as_plain_fit(printed: str, plain_fit, label: str) -> None:
+def assert_same_as_plain_fit(folder: Path, plain_fit, label: str) -> None:
     """The run's final weights (loaded here, where `Halve` is not defined: the builder came by value) equal fit's."""
-    path = next(line.split(" ", 1)[1] for line in printed.splitlines() if line.startswith("FINAL "))
-    model = rayparallel.load_model(path.rsplit("/", 1)[0], batch_size=1)
+    path = folder / FINAL
+    model = rayparallel.load_model(path.parent, batch_size=1)
     error = max_relative_error(final_weights(path, lambda batch_size: model), plain_fit[0])
     print(f"{label}: rayparallel.fit on 2 workers vs Keras fit, max relative weight error {error:.2e}")
     assert error < 1e-5
@@ -94,9 +71,9 @@ def assert_same_as_plain_fit(printed: str, plain_fit, label: str) -> None:
 @pytest.mark.slow
 def test_a_script_whose_builder_lives_in_main_trains_what_fit_trains(ray_address, tmp_path, plain_fit):
     script = tmp_path / "train_script.py"
-    script.write_text(MODEL_CELL + "\nimport sys\nOUT = sys.argv[1]\n" + FIT_CELL)
+    script.write_text(MODEL_CELL + "\n" + FIT_CELL)
     run = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "out")],
+        [sys.executable, str(script)],
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -105,8 +82,8 @@ def test_a_script_whose_builder_lives_in_main_trains_what_fit_trains(ray_address
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "Epoch 2/2" in run.stdout and "val_mae" in run.stdout
-    assert_same_as_plain_fit(run.stdout, plain_fit, "script")
-    recorded = (tmp_path / "out" / "job.yaml").read_text()
+    assert_same_as_plain_fit(tmp_path, plain_fit, "script")
+    recorded = (tmp_path / "runs/fit-build/job.yaml").read_text()
     assert "builder: __main__:build" in recorded and "loader: rayparallel.data.in_memory:InMemoryData" in recorded
 
 
@@ -118,7 +95,7 @@ def test_a_notebook_trains_what_fit_trains_and_shows_the_console(ray_address, tm
     from nbclient import NotebookClient
 
     monkeypatch.setenv("RAY_ADDRESS", ray_address)  # the kernel joins this session's Ray
-    cells = [MODEL_CELL, f"OUT = {str(tmp_path / 'out')!r}\n" + FIT_CELL]
+    cells = [MODEL_CELL, FIT_CELL]
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
     NotebookClient(
         notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
@@ -126,7 +103,7 @@ def test_a_notebook_trains_what_fit_trains_and_shows_the_console(ray_address, tm
     printed = "".join(out.get("text", "") for out in notebook.cells[1].outputs if out.output_type == "stream")
     assert "Epoch 1/2" in printed and "Epoch 2/2" in printed and "finished in" in printed, printed[-2000:]
     assert "RayTrainWorker" not in printed and "cuda" not in printed.lower()  # held back, as on a terminal
-    assert_same_as_plain_fit(printed, plain_fit, "notebook")
+    assert_same_as_plain_fit(tmp_path, plain_fit, "notebook")
 
 
 def build_dense(batch_size):
@@ -174,3 +151,9 @@ def test_a_builder_that_cannot_be_pickled_and_a_tf_data_x_are_refused():
     dataset = tf.data.Dataset.from_tensor_slices(ROWS).batch(8)
     with pytest.raises(RayParallelError, match=r"^x: expected arrays or a keras.utils.PyDataset .* tf.data.Dataset"):
         rayparallel.fit(build_dense, dataset, batch_size=8)
+
+
+def test_the_example_notebook_is_the_readme_example():
+    notebook = json.loads((REPO / "examples" / "fit.ipynb").read_text())
+    code = ["".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "code"]
+    assert [cell.strip() for cell in code] == [cell.strip() for cell in (MODEL_CELL, FIT_CELL)]

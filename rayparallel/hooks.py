@@ -33,6 +33,11 @@ HOOKS = {
     "autoscaling_coordinator": (
         "ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator:get_or_create_autoscaling_coordinator"
     ),
+    # whether a joined cluster may grow (cluster/connect.py): the autoscaler's version and the status
+    # its monitor keeps in the GCS (what `ray status` prints); Ray has no public "is autoscaling"
+    "is_autoscaler_v2": "ray.autoscaler.v2.utils:is_autoscaler_v2",
+    "autoscaling_status_key": "ray._private.ray_constants:DEBUG_AUTOSCALING_STATUS",
+    "internal_kv_get": "ray.experimental.internal_kv:_internal_kv_get",
     # Ray Train's Ray Data callback, left out of a trainer without datasets (cluster/backend.py)
     "datasets_callback": "ray.train.v2._internal.callbacks.datasets:DatasetsCallback",
     "trainer_default_callbacks": "ray.train.v2.api.data_parallel_trainer:DataParallelTrainer._create_default_callbacks",

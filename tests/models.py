@@ -464,3 +464,15 @@ def write_images(folder, rows: int = 64, classes: int = 3) -> None:
 
 def png_images(folder: str, global_batch_size: int):
     return {"x_train": CountedImages(folder, global_batch_size)}
+
+
+def sine_streams_shard_that_stalls(shard, global_batch_size: int):
+    """`sine_streams_shard`, except that in a worker (an actor; the driver's checks are not one) it never
+    returns: a run that stalls before its first step, as a blocked input does."""
+    import time
+
+    import ray
+
+    if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
+        time.sleep(3600)
+    return sine_streams_shard(shard, global_batch_size)

@@ -211,8 +211,9 @@ def test_resume_continues_the_same_run_exactly_and_fresh_starts_anew(uninterrupt
         rayparallel.train(spec, output_dir=tmp_path / "empty", resume=True)
 
 
-def training_cli(job: Path, out: Path, ray_address: str):
-    """`rayparallel train` in its own process, once training shows progress; and the lines so far."""
+def training_cli(job: Path, out: Path, ray_address: str, until: str = "Epoch "):
+    """`rayparallel train` in its own process, once a line holds `until` (default: training shows progress);
+    and the lines so far. A run that never prints it is ended after 5 minutes."""
     import subprocess
     import sys
 
@@ -227,10 +228,13 @@ def training_cli(job: Path, out: Path, ray_address: str):
         env={**os.environ, "RAY_ADDRESS": ray_address, "PYTHONUNBUFFERED": "1"},
     )
     seen = []
+    deadline = threading.Timer(300, cli.kill)
+    deadline.start()
     for line in cli.stdout:
         seen.append(line)
-        if line.startswith("Epoch "):  # "Epoch 1/", or a later one when it resumes
+        if until in line:  # "Epoch 1/", or a later one when it resumes
             break
+    deadline.cancel()
     return cli, seen
 
 
@@ -292,6 +296,33 @@ def test_a_second_run_is_refused_ctrl_c_ends_the_run_cleanly_and_a_dead_recorder
         f"); the epochs it saved are kept; continue with: rayparallel train ... --resume --output-dir {out}"
     )
     assert "Traceback" not in output and json.loads((out / "run.json").read_text())["status"] == "FAILED"
+
+
+def test_a_stalled_run_says_what_it_waits_for_within_a_minute(ray_address, tmp_path):
+    """Every worker's input never comes: the console says so (not the silence of a run that waits) after
+    `run.stall_warning_s`, again every `run.stall_warning_s`, and Ctrl-C still ends the run cleanly."""
+    import yaml
+
+    job = tmp_path / "job.yaml"
+    stalled = dict(
+        LSTM,
+        name="fault-stall",
+        data={"loader": "tests.models:sine_streams_shard_that_stalls", "layout": "streams"},
+        run={"stall_warning_s": 10},
+    )
+    job.write_text(yaml.safe_dump(stalled))
+    started = time.monotonic()
+    cli, seen = training_cli(job, tmp_path / "out", ray_address, until="rank 0 is loading its data")
+    warned = time.monotonic() - started
+    cli.send_signal(signal.SIGINT)
+    rest, _ = cli.communicate(timeout=120)
+    line = seen[-1].strip()
+    print(f"stalled run: the console said why {warned:.1f} s after the command started: {line}")
+    assert warned < 90, "".join(seen)[-3000:]
+    assert line.startswith("WARNING no progress for 1") and line.endswith(  # 10 s after rank 0's last phase
+        "s: rank 0 is loading its data (a loader's rows, or a dataset's first batch)"
+    ), line
+    assert cli.returncode == 130 and "Traceback" not in rest, rest[-2000:]
 
 
 def test_damaged_resume_state_falls_back_to_the_newest_intact_checkpoint_on_any_worker_count(

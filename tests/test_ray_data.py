@@ -121,7 +121,9 @@ def test_bad_ray_data_input_is_one_line_before_training(ray_address, tmp_path):
         ([f"data.kwargs.path={tmp_path / 'nowhere'}"], "data.dataset: expected a dataset that reads, received"),
         ([f"data.kwargs.path={rows}", "data.val_dataset=null"], "expected columns ['stream', 't']"),
     ]
-    with pytest.raises(RayParallelError, match=r"expected at least 1 CPU beyond the workers' 4 for Ray Data's tasks"):
+    with pytest.raises(
+        RayParallelError, match=r"expected at least 1 CPU beyond the workers' 4 for Ray Data's read tasks"
+    ):
         check_capacity(load_spec(ray_data_job("bad", root, "scaling.num_workers=4")))  # the session's Ray: 4 CPUs
     for overrides, expected in cases:
         with pytest.raises(RayParallelError) as caught:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import ray
 
@@ -96,25 +96,71 @@ def worker_need(spec: JobSpec) -> dict[str, float]:
     return need
 
 
-def check_capacity(spec: JobSpec) -> None:
-    """Fail fast when the (non-autoscaling) cluster cannot hold the workers: Ray would wait forever."""
+def cluster_can_grow() -> bool:
+    """Whether an autoscaler may add nodes to the joined cluster.
+
+    Ray's monitor keeps its view in the GCS (what `ray status` prints); on a cluster it cannot
+    grow (nodes started by hand with `ray start`) its node types are the read-only provider's,
+    one per node, named `node_<node id>`. Autoscaler v2 (KubeRay's in-tree autoscaling), named
+    node types (the cluster launcher's) and a view not reported yet all count as able to grow:
+    the capacity rule must never refuse a run that would start.
+    """
+    import json
+
+    try:
+        if hook("is_autoscaler_v2")(fetch_from_server=True):
+            return True
+        raw = hook("internal_kv_get")(hook("autoscaling_status_key"))
+        mapping = json.loads(raw)["autoscaler_report"]["node_type_mapping"] if raw else None
+    except Exception:  # a status Ray wrote in another shape: no grounds to refuse
+        return True
+    return not mapping or any(kind != f"node_{node}" for node, kind in mapping.items())
+
+
+def resources_line(spec: JobSpec) -> str:
+    """What the workers ask Ray for and what the cluster has free, for a run waiting to start."""
+    need = ", ".join(f"{amount:g} {name}" for name, amount in worker_need(spec).items())
+    free = ray.available_resources()
+    have = ", ".join(f"{free.get(name, 0):g} {name}" for name in worker_need(spec))
+    return f"{spec.scaling.min_workers} workers x {need}; free now: {have}"
+
+
+def check_capacity(spec: JobSpec, say_when_it_can_grow: Callable[[str], None] | None = None) -> None:
+    """Fail fast when a cluster that cannot grow cannot hold the workers (or leaves Ray Data no CPU):
+    Ray would wait forever. Given `say_when_it_can_grow`, a cluster that may autoscale is only told of."""
     available = ray.cluster_resources()
     need = worker_need(spec)
     for resource, amount in need.items():
         total = amount * spec.scaling.min_workers  # an elastic run starts with what there is, at least min
         if total > available.get(resource, 0) + 1e-9:
+            if say_when_it_can_grow:
+                return say_when_it_can_grow(
+                    f"rayparallel: waiting for the cluster to scale up: the workers need {total:g} {resource}, "
+                    f"it has {available.get(resource, 0):g}"
+                )
             raise RayParallelError(
                 f"scaling: expected the cluster to have {total:g} {resource} for {spec.scaling.min_workers} workers "
                 f"x {amount:g}, received a cluster with {available.get(resource, 0):g} {resource}"
             )
-    if spec.data.dataset is not None:
-        workers_cpu = need["CPU"] * spec.scaling.max_workers
-        if available.get("CPU", 0) < workers_cpu + DATA_CPUS - 1e-9:
-            raise RayParallelError(
-                f"scaling: expected at least {DATA_CPUS} CPU beyond the workers' {workers_cpu:g} for Ray Data's "
-                f"tasks (data.dataset), received a cluster with {available.get('CPU', 0):g} CPU; use fewer workers "
-                "or scaling.resources_per_worker.CPU below 1"
+    workers_cpu = need["CPU"] * spec.scaling.max_workers
+    if spec.data.dataset is not None and available.get("CPU", 0) < workers_cpu + DATA_CPUS - 1e-9:
+        if say_when_it_can_grow:
+            return say_when_it_can_grow(
+                f"rayparallel: waiting for the cluster to scale up: Ray Data needs {DATA_CPUS} CPU beside the "
+                f"workers' {workers_cpu:g}"
             )
+        raise RayParallelError(
+            f"scaling: expected at least {DATA_CPUS} CPU beyond the workers' {workers_cpu:g} for Ray Data's "
+            f"read tasks (data.dataset), received a cluster with {available.get('CPU', 0):g} CPU that cannot "
+            f"grow; use fewer workers or a lower scaling.resources_per_worker.CPU (now {need['CPU']:g})"
+        )
+    return None
+
+
+def check_capacity_where_known(spec: JobSpec, whole_cluster: bool, say: Callable[[str], None]) -> None:
+    """`check_capacity` on a cluster that cannot grow (this process's own Ray, or a joined one without an
+    autoscaler: `cluster_can_grow`); where it can grow, a run it cannot hold yet starts and says so once."""
+    check_capacity(spec, None if whole_cluster or not cluster_can_grow() else say)
 
 
 def runs_that_fit(spec: JobSpec) -> int:

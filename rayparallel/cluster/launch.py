@@ -33,7 +33,7 @@ from ..errors import RayParallelError, RunFailedError, StepTimeoutError, first_l
 from ..files import WriteError, atomic_write_text
 from ..hooks import env_defaults
 from ..recorder.actor import RECORDER_RESTARTS, RecorderActor, recorder_name
-from ..recorder.events import ControllerStarted, EpochEnded, Event, Resized, TrackingStarted
+from ..recorder.events import ControllerStarted, EpochEnded, Event, PhaseReached, Resized, RunWarning, TrackingStarted
 from ..recorder.journal import JOURNAL
 from ..result import TrainResult, describe_stop
 from ..secrets import mask, mask_text
@@ -46,6 +46,7 @@ from .abort import ControllerAnnounced, abort_training
 from .backend import TensorflowBackendConfig, trainer_class
 from .progress import ConsoleProgress, describe_resize, format_logs
 from .run_state import RunPlan, folder_held
+from .stall import StallWatch
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -114,7 +115,8 @@ def _fit(run: Launch) -> TrainResult:
         # read by Ray Train's controller, which starts inside fit() with this process's environment
         with env_defaults("train_driver", *(["elastic_driver"] if run.spec.scaling.elastic else [])):
             progress = ConsoleProgress(run.spec.train.epochs) if run.verbose else None
-            error = _run_with_progress(trainer, actor, partial(_show, run, actor, say, progress))
+            watch = StallWatch(run.spec.run.stall_warning_s, partial(cluster.resources_line, run.spec))
+            error = _run_with_progress(trainer, actor, partial(_show, run, actor, say, progress), watch)
         result = _conclude(run, actor, error, job_file)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from `ray job stop` (see cli)
         _end(actor, "KILLED", [job_file])
@@ -214,6 +216,8 @@ def _show(run: Launch, actor: ActorHandle, say: Say, progress: ConsoleProgress |
         state.save(run.output_dir)
     elif isinstance(event, Resized):
         say(f"rayparallel: {describe_resize(event.resize)}")
+    elif isinstance(event, PhaseReached):
+        return
     elif progress:
         progress.show(event)
     if isinstance(event, EpochEnded) and run.on_epoch:
@@ -273,9 +277,10 @@ def _conclude(run: Launch, actor: ActorHandle, error: BaseException | None, job_
 
 
 def _run_with_progress(
-    trainer: DataParallelTrainer, actor: ActorHandle, show: Callable[[dict], None]
+    trainer: DataParallelTrainer, actor: ActorHandle, show: Callable[[Event], None], watch: StallWatch
 ) -> BaseException | None:
-    """`trainer.fit()` in a thread; this thread shows the actor's events until it ends."""
+    """`trainer.fit()` in a thread; this thread shows the actor's events until it ends, and says
+    when they stop coming (`StallWatch`)."""
     outcome: dict = {}
 
     def fit() -> None:
@@ -294,7 +299,11 @@ def _run_with_progress(
                 if isinstance(event, ControllerStarted):
                     controller = event.handle
                 else:
+                    watch.saw(event)
                     show(event)
+            stalled = watch.warning()
+            if stalled:
+                show(RunWarning(stalled))
             if not thread.is_alive():
                 return outcome.get("error")
     except KeyboardInterrupt:

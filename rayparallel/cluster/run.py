@@ -130,7 +130,7 @@ def run_job(
     `rayparallel.train` and the module doc. `started_at` is the start-up clock's origin (the
     CLI's: when its process started); `on_epoch` sees every epoch's logs here and may end the run.
     """
-    from .connect import check_capacity
+    from .connect import check_capacity_where_known
     from .launch import Launch, launch, shared_with_workers
     from .run_state import plan_run
 
@@ -148,8 +148,7 @@ def run_job(
     checks = start_checks(plan.spec, worker_logs, working_dir, marks)
     with ray_session(plan.spec, worker_logs) as whole_cluster:
         marks["ray_ready"] = time.time()
-        if whole_cluster:
-            check_capacity(plan.spec)
+        check_capacity_where_known(plan.spec, whole_cluster, printer(verbose))
         checks = checks()
         check_folders(plan.spec, output_dir, checks, verbose)
         run = Launch(

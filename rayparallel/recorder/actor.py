@@ -38,6 +38,7 @@ from .events import (
     EpochHistory,
     Event,
     EventLog,
+    PhaseReached,
     Progress,
     Resized,
     RunWarning,
@@ -148,6 +149,7 @@ class RunRecorder:
     def mark_phase(self, phase: str, at: float) -> None:
         """Rank 0 reached a start-up phase (rayparallel.startup.PHASES) at unix time `at`."""
         self._startup.setdefault(phase, at)
+        self._events.add(PhaseReached(phase))
         if phase == "first_step_done":
             self._registry.first_step_done(at)
             if self._mlflow:

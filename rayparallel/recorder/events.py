@@ -41,6 +41,13 @@ class CheckpointWritten:
 
 
 @dataclass(frozen=True)
+class PhaseReached:
+    """Rank 0 reached a start-up phase (`rayparallel.startup.PHASES`): a sign of life before the first step."""
+
+    phase: str
+
+
+@dataclass(frozen=True)
 class RunWarning:
     text: str
 
@@ -66,7 +73,16 @@ class ControllerStarted:
     handle: ActorHandle
 
 
-Event = Progress | EpochEnded | CheckpointWritten | RunWarning | Resized | TrackingStarted | ControllerStarted
+Event = (
+    Progress
+    | EpochEnded
+    | CheckpointWritten
+    | PhaseReached
+    | RunWarning
+    | Resized
+    | TrackingStarted
+    | ControllerStarted
+)
 
 
 class EventLog:

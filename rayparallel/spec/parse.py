@@ -38,7 +38,7 @@ _POSITIVE = {
     "tune.max_concurrent",
     "tune.grace_period",
 }
-_NON_NEGATIVE = {"train.progress_every_n_steps", "failure.max_failures"}
+_NON_NEGATIVE = {"train.progress_every_n_steps", "failure.max_failures", "run.stall_warning_s"}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 

@@ -170,6 +170,7 @@ class RunSpec:
 
     storage_path: str | None = None
     collective_timeout_s: float = 600.0
+    stall_warning_s: float = 60.0  # the console says what the run waits for after this long without progress; 0: off
     checkpoints_to_keep: int = 2  # Ray's CheckpointConfig(num_to_keep) for resume state
     resume_every_n_steps: int | None = None  # also resume points inside epochs (local or mounted storage)
     pip: list = field(default_factory=list)  # extra requirements for `rayparallel submit`

@@ -289,6 +289,28 @@ def test_submit_errors_are_one_line(cluster, tmp_path):
     assert "expected a valid Ray auth token" in no_token.stderr and "received no token" in no_token.stderr
 
 
+def test_a_ray_data_job_whose_workers_take_every_cpu_is_refused_before_training(cluster, tmp_path):
+    """The cluster has no autoscaler (nodes started by hand): 3 workers x 1 CPU on its 3 CPUs would leave
+    Ray Data's read tasks none, and the run would wait forever. It is one line, exit 2, before any worker."""
+    spec = lstm_job("starved", "mlflow.enabled=false")
+    spec["data"] = {"dataset": "tests.models:parquet_dataset", "kwargs": {"path": str(tmp_path)}, "layout": "streams"}
+    spec["scaling"] = {"num_workers": 3}
+    job = tmp_path / "starved.yaml"
+    job.write_text(yaml.safe_dump(spec))
+    command = [sys.executable, "-m", "ray.scripts.scripts", "job", "submit", "--address", cluster.address]
+    command += ["--working-dir", str(REPO), "--", "rayparallel", "train", str(job), "--output-dir", str(tmp_path / "o")]
+    run = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **AUTH}, timeout=300)
+    output = run.stdout + run.stderr
+    assert run.returncode != 0, output[-3000:]
+    errors = {line for line in output.splitlines() if line.startswith("rayparallel: error:")}  # logs shown twice
+    assert errors == {
+        "rayparallel: error: scaling: expected at least 1 CPU beyond the workers' 3 for Ray Data's read tasks "
+        "(data.dataset), received a cluster with 3 CPU that cannot grow; use fewer workers or a lower "
+        "scaling.resources_per_worker.CPU (now 1)"
+    }, output[-3000:]
+    assert "Epoch 1/" not in output and not (tmp_path / "o" / "run.json").exists()
+
+
 def elastic_job(tmp_path, name: str, workers: int | dict) -> Path:
     """The stateful LSTM with one worker per node (a `slot` each), resume points every 20 steps.
 

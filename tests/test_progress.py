@@ -80,3 +80,26 @@ def test_saved_lines_follow_their_epoch_and_slow_input_is_a_warning():
         "WARNING input: workers waited 32% of epoch 2 for data; see Data in the README",
         "Epoch 2: saved ckpt/epoch-002.weights.h5",
     ]
+
+
+def test_ray_data_warnings_reach_the_console_once_each():
+    """What Ray Data logs in a worker (held back with the worker's own output) is passed on, one line per
+    distinct warning, numbers aside; its info lines are not."""
+    import logging
+
+    from rayparallel.data.ray_data_warnings import ray_data_warnings_sent
+
+    sent: list[str] = []
+    starved = "Cluster resources are not enough to run any task from TaskPoolMapOperator[ReadFilesParquetV2]."
+    with ray_data_warnings_sent(sent.append):
+        log = logging.getLogger("ray.data._internal.execution.resource_manager")
+        log.warning(starved + " The job may hang forever unless the cluster scales up.\nmore detail")
+        log.warning(starved + " The job may hang forever unless the cluster scales up.")
+        log.warning("Spilled 12 MiB to disk")
+        log.warning("Spilled 40 MiB to disk")
+        log.info("Execution plan of Dataset: ...")
+    log.warning("after the run: not passed on")
+    assert sent == [
+        f"Ray Data: {starved} The job may hang forever unless the cluster scales up.",
+        "Ray Data: Spilled 12 MiB to disk",
+    ]

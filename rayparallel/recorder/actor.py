@@ -43,6 +43,7 @@ from .events import (
     Resized,
     RunWarning,
     TrackingStarted,
+    warning_key,
 )
 from .journal import RecorderJournal
 from .mlflow_record import MlflowRecord
@@ -77,6 +78,7 @@ class RunRecorder:
         self._writer = self.writer_class(spec, Path(checkpoint_dir))
         self._run_folder = Path(run_folder) if run_folder else None  # Ray's run folder, when on a file system
         self._events = EventLog()
+        self._data_warnings: set[str] = set()  # Ray Data's warnings shown, by `warning_key`
         self._history = EpochHistory()
         self._registry = WorkerRegistry(spec.batch_split)
         self._stops = StopArbiter(spec.train.epochs)
@@ -112,6 +114,13 @@ class RunRecorder:
     def note_failure(self, rank: int, reason: str) -> None:
         """A worker's own word on why it is about to fail (its step watchdog expired); the first stands."""
         self._registry.note_failure(rank, reason)
+
+    def data_warning(self, text: str) -> None:
+        """A worker's Ray Data warning (`data.ray_data_warnings`): on the console once, whichever worker sent it."""
+        key = warning_key(text)
+        if key not in self._data_warnings:
+            self._data_warnings.add(key)
+            self._warn(text)
 
     def failure(self) -> str | None:
         return self._registry.failure

@@ -7,6 +7,7 @@ when the console reads it.
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -50,6 +51,15 @@ class PhaseReached:
 @dataclass(frozen=True)
 class RunWarning:
     text: str
+
+
+def warning_key(text: str) -> str:
+    """A warning without its numbers, so that "spilled 12 MiB" and "spilled 40 MiB" are shown once.
+
+    >>> warning_key("Spilled 12 MiB, 3 objects") == warning_key("Spilled 40 MiB, 9 objects")
+    True
+    """
+    return re.sub(r"\d+(\.\d+)?", "N", text)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ steps, checkpoint saves) are computed identically on every rank from global figu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from ..checkpoint.client import CheckpointClient
 from ..checkpoint.policy import FINAL, Saved, SaveDecision
 from ..checkpoint.resume_state import position_name, unused_name
 from ..data.feed import DataSource, open_feed
+from ..data.ray_data_warnings import ray_data_warnings_sent
 from ..errors import NonFiniteLossError
 from ..model import build_model
 from ..spec import JobSpec, TrainSpec
@@ -54,7 +56,11 @@ OWN_FIGURES = (
 def train_loop_per_worker(config: dict) -> None:
     """Entry point handed to Ray Train (`DataParallelTrainer(train_loop_per_worker=...)`)."""
     add_search_path(config["search_path"])
-    WorkerRun(config["spec"], config["actor"], config["output_dir"], config["source"]).fit()
+    spec, actor = config["spec"], config["actor"]
+    with contextlib.ExitStack() as stack:
+        if spec.data.dataset is not None:  # Ray Data's warnings (a starved read) reach the console
+            stack.enter_context(ray_data_warnings_sent(actor.data_warning.remote))
+        WorkerRun(spec, actor, config["output_dir"], config["source"]).fit()
 
 
 class WorkerRun:

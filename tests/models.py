@@ -476,3 +476,10 @@ def sine_streams_shard_that_stalls(shard, global_batch_size: int):
     if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
         time.sleep(3600)
     return sine_streams_shard(shard, global_batch_size)
+
+
+def dataset_that_blocks(path: str):
+    """A `data.dataset` function that never returns (a mount that hangs, a lock never freed)."""
+    import time
+
+    time.sleep(3600)

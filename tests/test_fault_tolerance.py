@@ -325,6 +325,29 @@ def test_a_stalled_run_says_what_it_waits_for_within_a_minute(ray_address, tmp_p
     assert cli.returncode == 130 and "Traceback" not in rest, rest[-2000:]
 
 
+def test_a_dataset_function_that_blocks_is_said_before_any_worker_starts(ray_address, tmp_path):
+    """The driver's checks call `data.dataset` (before the worker group): a function that never returns
+    is said every `run.stall_warning_s` too, and Ctrl-C ends the command."""
+    import yaml
+
+    job = tmp_path / "job.yaml"
+    blocked = dict(
+        LSTM, name="fault-blocked", data={"dataset": "tests.models:dataset_that_blocks", "kwargs": {"path": "x"}}
+    )
+    job.write_text(yaml.safe_dump(dict(blocked, run={"stall_warning_s": 5})))
+    started = time.monotonic()
+    cli, seen = training_cli(job, tmp_path / "out", ray_address, until="WARNING no progress for")
+    warned = time.monotonic() - started
+    cli.send_signal(signal.SIGINT)
+    rest, _ = cli.communicate(timeout=120)
+    print(f"blocked dataset function: said {warned:.1f} s after the command started: {seen[-1].strip()}")
+    assert warned < 90 and seen[-1].strip().endswith(
+        "s: the driver's checks are calling data.dataset and reading its first batch "
+        "(Ray Data may be waiting for CPUs beside the workers, or the function blocks)"
+    ), "".join(seen)[-3000:]
+    assert cli.returncode == 130 and "Traceback" not in rest, rest[-2000:]
+
+
 def test_damaged_resume_state_falls_back_to_the_newest_intact_checkpoint_on_any_worker_count(
     uninterrupted, tmp_path, capsys
 ):

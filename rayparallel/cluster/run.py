@@ -21,6 +21,7 @@ from ..console import printer
 from ..files import ensure_writable, space_warning
 from ..spec import SpecSource, load_spec
 from ..spec.references import add_search_path
+from .stall import warned_while
 
 if TYPE_CHECKING:
     from ..result import TrainResult
@@ -149,7 +150,8 @@ def run_job(
     with ray_session(plan.spec, worker_logs) as whole_cluster:
         marks["ray_ready"] = time.time()
         check_capacity_where_known(plan.spec, whole_cluster, printer(verbose))
-        checks = checks()
+        with warned_while(checks_waiting(plan.spec), plan.spec.run.stall_warning_s, printer(verbose)):
+            checks = checks()
         check_folders(plan.spec, output_dir, checks, verbose)
         run = Launch(
             output_dir=output_dir,
@@ -168,3 +170,13 @@ def run_job(
         )
         del checks  # the driver keeps no copy of a loader's arrays: they are in the object store
         return launch(run)
+
+
+def checks_waiting(job: JobSpec) -> str:
+    """What the driver's checks wait for when they take long: the user's data function, or Ray Data."""
+    if job.data.dataset is not None:
+        return (
+            "the driver's checks are calling data.dataset and reading its first batch "
+            "(Ray Data may be waiting for CPUs beside the workers, or the function blocks)"
+        )
+    return "the driver's checks are calling data.loader and building the replica (the loader may block)"

@@ -9,8 +9,10 @@ speaks: the step watchdog (`run.collective_timeout_s`) stays what fails a run.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from ..recorder.events import EpochEnded, Event, PhaseReached, Progress
 
@@ -77,3 +79,33 @@ class StallWatch:
                 "the cluster's resources"
             )
         return f"no progress for {quiet:.0f} s: {waiting}"
+
+
+@contextlib.contextmanager
+def warned_while(waiting: str, every_s: float, say: Callable[[str], None]) -> Iterator[None]:
+    """Say every `every_s` that the block still waits for `waiting`: the driver's own waits before the
+    worker group (the job's checks call the data function and read a Ray Data job's first batch).
+
+    >>> said = []
+    >>> with warned_while("the checks are reading data.dataset's first batch", 0.01, said.append):
+    ...     while len(said) < 2:  # a block that takes 2 intervals
+    ...         time.sleep(0.001)
+    >>> print(said[0])
+    WARNING no progress for 0 s: the checks are reading data.dataset's first batch
+    """
+    if not every_s:
+        yield
+        return
+    started, done = time.monotonic(), threading.Event()
+
+    def warn() -> None:
+        while not done.wait(every_s):
+            say(f"WARNING no progress for {time.monotonic() - started:.0f} s: {waiting}")
+
+    thread = threading.Thread(target=warn, name="rayparallel-stall", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()

@@ -157,3 +157,19 @@ def test_the_example_notebook_is_the_readme_example():
     notebook = json.loads((REPO / "examples" / "fit.ipynb").read_text())
     code = ["".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "code"]
     assert [cell.strip() for cell in code] == [cell.strip() for cell in (MODEL_CELL, FIT_CELL)]
+
+
+def test_callback_instances_go_to_the_ranks_that_run_their_kind():
+    """`fit(callbacks=[...])` instances: each rank gets its copy with the spec; writers run on rank 0 only,
+    those that change training on every rank, and Keras' checkpoint callbacks are refused as in a job."""
+    import keras
+
+    from rayparallel.worker.callbacks import make_callbacks
+
+    early, logger = keras.callbacks.EarlyStopping(patience=2), keras.callbacks.CSVLogger("log.csv")
+    assert make_callbacks([early, logger], rank=0, output_dir="out") == [early, logger]
+    assert make_callbacks([early, logger], rank=1, output_dir="out") == [early]
+    assert logger.filename == "out/log.csv"  # under the run's folder, as a job's relative paths are
+    refused = r"^train.callbacks\[0\]: expected a callback that runs across workers, received ModelCheckpoint"
+    with pytest.raises(RayParallelError, match=refused):
+        make_callbacks([keras.callbacks.ModelCheckpoint("x.keras")], rank=0, output_dir="out")

@@ -97,15 +97,22 @@ def make_callbacks(identifiers: list, rank: int, output_dir: str) -> list[keras.
     for entry, (cls, kwargs) in zip(identifiers, callback_classes(identifiers), strict=True):
         if not (rank == 0 or cls.__name__ in CHANGES_TRAINING or getattr(cls, ALL_RANKS, False)):
             continue
+        path_key = RELATIVE_PATHS.get(cls.__name__)
         if kwargs is None:  # an instance: this rank's own copy came with the spec (Ray unpickled it here)
+            if path_key:
+                setattr(entry, path_key, _under(output_dir, getattr(entry, path_key)))
             made.append(entry)
             continue
-        path_key = RELATIVE_PATHS.get(cls.__name__)
         if path_key:
-            path = Path(str(kwargs.get(path_key, DEFAULT_PATHS.get(cls.__name__, ""))))
-            kwargs[path_key] = str(path if path.is_absolute() else Path(output_dir) / path)
+            kwargs[path_key] = _under(output_dir, kwargs.get(path_key, DEFAULT_PATHS.get(cls.__name__, "")))
         made.append(cls(**kwargs))
     return made
+
+
+def _under(output_dir: str, path: object) -> str:
+    """A writer's relative path under the run's output folder (the workers' own folder is Ray's)."""
+    path = Path(str(path))
+    return str(path if path.is_absolute() else Path(output_dir) / path)
 
 
 class Callbacks:

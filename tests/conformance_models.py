@@ -123,6 +123,28 @@ def raw_loss_step(batch_size: int, features: int = 4):
     return model
 
 
+def masked_tagger_own_step(batch_size: int):
+    """The guide's `train_step` (customizing fit) on the masked tagger: `self.compute_loss` applies the padding
+    mask, and the step returns its raw loss tensor as the logs."""
+    import keras
+    import tensorflow as tf
+
+    class TaggerWithItsOwnStep(keras.Model):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compute_loss(x=x, y=y, y_pred=y_pred)
+            gradients = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply_gradients(zip(gradients, self.trainable_variables, strict=True))
+            return {"loss": loss}
+
+    tagger = masked_tagger(batch_size)
+    model = TaggerWithItsOwnStep(tagger.inputs, tagger.outputs)
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="sparse_categorical_crossentropy")
+    return model
+
+
 def regression_rows():
     """`tests.models.linear_rows`: 96 training and 32 validation rows of 4 features."""
     from tests.models import linear_rows

@@ -78,6 +78,13 @@ CASES = [
         "(averaged over the workers)",
     ),
     Case(
+        "a model's own `train_step` calling `compute_loss` on a padding mask (guide: customizing fit)",
+        "masked_tagger_own_step",
+        "padded_tags",
+        "Keras' loss in the model's step divides by the kept tokens of all workers, times the workers: "
+        "the step's averaged gradients are the global batch's",
+    ),
+    Case(
         "one `sample_weight` per row with a loss per token",
         "masked_series",
         "padded_series",

@@ -13,6 +13,9 @@ whole global batch, as one device computes it.
 A divisor known from shapes alone (no mask, no weights in it) is scaled by global batch /
 worker rows when the step is traced; one that depends on the data (a mask's count, the
 weights' sum) is summed over the workers: one scalar collective per loss and step.
+
+A model's own step averages the workers' gradients instead of summing them (`own_step`): its
+losses are the same shares times the number of workers, whose mean is the global loss.
 """
 
 from __future__ import annotations
@@ -33,16 +36,15 @@ _traced = threading.local()  # (global batch, this worker's rows) while one of o
 
 
 @contextlib.contextmanager
-def global_batch_reduction(global_batch: int, rows: int) -> Iterator[None]:
+def global_batch_reduction(global_batch: int, rows: int, averaged: bool = False) -> Iterator[None]:
     """While a step on this worker's `rows` is traced in this block, Keras' losses divide by global
-    divisors (see module doc).
+    divisors (see module doc); `averaged`: the step averages its gradients over the workers.
 
-    Outside it (a model's own step, the driver's checks, anything else in the process) Keras'
-    reduction is unchanged.
+    Outside it (the driver's checks, anything else in the process) Keras' reduction is unchanged.
     """
     _install()
     before = getattr(_traced, "batches", None)
-    _traced.batches = (global_batch, rows)
+    _traced.batches = (global_batch, rows, averaged)
     try:
         yield
     finally:
@@ -74,8 +76,15 @@ def _install() -> None:
         module.reduce_weighted_values = reduce_weighted_values
 
 
-def _globally(keras_reduce, batches: tuple[int, int], values, sample_weight, mask, reduction: str, dtype):
-    """Keras' weighted sum of this worker's values over the global divisor."""
+def _globally(keras_reduce, batches: tuple[int, int, bool], values, sample_weight, mask, reduction: str, dtype):
+    """Keras' weighted sum of this worker's values over the global divisor (times the workers, `averaged`)."""
+    import tensorflow as tf
+
+    share = _share(keras_reduce, batches, values, sample_weight, mask, reduction, dtype)
+    return share * tf.distribute.get_strategy().num_replicas_in_sync if batches[2] else share
+
+
+def _share(keras_reduce, batches: tuple[int, int, bool], values, sample_weight, mask, reduction: str, dtype):
     import tensorflow as tf
     from keras import ops
 

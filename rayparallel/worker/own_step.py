@@ -2,9 +2,10 @@
 
 Each worker calls the model's step on its rows with Keras' per-replica loss scaling off
 (`one_process_losses`), and the optimizer averages the gradients over the workers
-(`sync.average_over_workers`). For a loss that is a mean over the batch's rows (Keras
-losses, `compute_loss`, `ops.mean`) and equal shards, the average of the workers' gradients
-is the gradient of the global batch, and the model's trackers see the values they would
+(`sync.average_over_workers`). Keras' losses in the step divide by the global batch's divisors
+(a padding mask's kept tokens counted over all workers: `loss_reduction`); for them, and for
+any other mean over the batch's rows (`ops.mean`) with equal shards, the average of the
+workers' gradients is the gradient of the global batch, and the model's trackers see the values they would
 see in one process; Keras' own contract (losses scaled by 1/N, gradients summed) gives the
 same gradients but trackers fed the scaled loss report 1/N of it. The trackers' states are
 summed over the workers whenever figures are needed, so the logs are global figures,
@@ -21,6 +22,7 @@ import numpy as np
 
 from ..errors import ModelError, first_line
 from ..hooks import hook
+from .loss_reduction import global_batch_reduction
 from .step import EpochFigures
 
 if TYPE_CHECKING:
@@ -134,7 +136,8 @@ class OwnSteps:
         self.eval_keys: list[str] = []
 
         def train_replica(x, y, w):
-            logs = model.train_step((x, y))
+            with self._global_losses(y):
+                logs = model.train_step((x, y))
             self.train_keys = list(logs)
             self.steps_run.assign_add(1)
             if "loss" in logs:
@@ -143,12 +146,22 @@ class OwnSteps:
             return _scalars(logs)
 
         def eval_replica(x, y, w):
-            logs = model.test_step((x, y))
+            with self._global_losses(y):
+                logs = model.test_step((x, y))
             self.eval_keys = list(logs)
             return _scalars(logs)
 
         self.train_step = KeepsLast(tf.function(lambda x, y, w: strategy.run(train_replica, args=(x, y, w))))
         self.eval_step = KeepsLast(tf.function(lambda x, y, w: strategy.run(eval_replica, args=(x, y, w))))
+
+    def _global_losses(self, y: Any) -> Any:
+        """Keras' losses in the model's step over the global batch's divisors (a padding mask's count over all
+        workers), times the workers: the gradients are averaged (`loss_reduction`)."""
+        import keras
+
+        rows = int(keras.tree.flatten(y)[0].shape[0])
+        world = self.strategy.num_replicas_in_sync
+        return global_batch_reduction(rows * world, rows, averaged=True)
 
     def step(self, global_step: int) -> Any:
         return self.train_step

@@ -16,6 +16,7 @@ FLOORS = {
     "result": 0,
     "version": 0,
     "startup": 0,
+    "logs": 0,  # the keys rayparallel adds to Keras' epoch logs
     "console": 0,
     "hooks": 0,  # version-sensitive names of Ray, TF and Keras internals, resolved on use
     "spec": 0,

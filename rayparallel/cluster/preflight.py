@@ -19,6 +19,7 @@ from ..checkpoint.writer import weight_file_bytes
 from ..data import datasets, keras_inputs, shards
 from ..data.feed import DataSource
 from ..errors import DataError, SpecError, first_line
+from ..logs import LOSS_SCALE, THROUGHPUT
 from ..model import build_model
 from ..quiet import import_tensorflow
 from ..spec import JobSpec, Shard
@@ -104,8 +105,8 @@ def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
         train_keys = outputs.epoch_keys(heads)
         val_keys = [f"val_{k}" for k in train_keys] if y_val is not None else []
     check_accumulation(spec, data.steps)
-    scale = ["loss_scale"] if spec.train.loss_scale else []
-    keys = train_keys + ["samples_per_s", "input_wait_fraction"] + scale + val_keys
+    scale = [LOSS_SCALE] if spec.train.loss_scale else []
+    keys = train_keys + list(THROUGHPUT) + scale + val_keys
     callback_classes(spec.train.callbacks)
     files = 0
     if spec.checkpoint.enabled:

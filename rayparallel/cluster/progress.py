@@ -5,10 +5,11 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from ..logs import THROUGHPUT
 from ..recorder.events import CheckpointWritten, EpochEnded, Progress, RunWarning
 
 # Figures `result.json` and MLflow keep that Keras' epoch line does not show (samples/s has its own place).
-NOT_SHOWN = ("epoch", "samples_per_s", "input_wait_fraction")
+NOT_SHOWN = ("epoch", *THROUGHPUT)
 # Workers that waited for data this share of an epoch or more: input holds training back, say so.
 INPUT_WAIT_WARNING = 0.10
 

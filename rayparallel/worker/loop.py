@@ -23,6 +23,7 @@ from ..checkpoint.resume_state import position_name, unused_name
 from ..data.feed import DataSource, open_feed
 from ..data.ray_data_warnings import ray_data_warnings_sent
 from ..errors import NonFiniteLossError
+from ..logs import LOSS_SCALE, OWN_KEYS
 from ..model import build_model
 from ..spec import JobSpec, TrainSpec
 from ..spec.references import add_search_path
@@ -45,12 +46,6 @@ from .sync import (
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
-
-OWN_FIGURES = (
-    "samples_per_s",
-    "input_wait_fraction",
-    "loss_scale",
-)  # in rayparallel's logs, not in Keras' (callbacks get Keras')
 
 
 def train_loop_per_worker(config: dict) -> None:
@@ -229,7 +224,7 @@ class WorkerRun:
             seconds = time.perf_counter() - started
             logs["samples_per_s"] = (self.steps_per_epoch - skip) * self.global_batch / seconds
             if self.steps.loss_scale is not None:
-                logs["loss_scale"] = float(self.steps.loss_scale.value.numpy())
+                logs[LOSS_SCALE] = float(self.steps.loss_scale.value.numpy())
             logs["input_wait_fraction"] = min(1.0, self.feed.wait_s / seconds)
             if self.feed.val_steps:
                 logs.update(self.evaluate())
@@ -319,7 +314,7 @@ class WorkerRun:
     def _callbacks_epoch_end(self, epoch: int, logs: dict) -> str | None:
         """The callbacks see the epoch's global logs with Keras' keys, and may add to them
         (ReduceLROnPlateau: learning_rate); returns why a callback stopped training, if one did."""
-        keras_logs = {k: v for k, v in logs.items() if k not in OWN_FIGURES}
+        keras_logs = {k: v for k, v in logs.items() if k not in OWN_KEYS}
         self.callbacks.on_epoch_end(epoch, keras_logs)
         logs.update(keras_logs)
         reason = self.callbacks.stop_reason

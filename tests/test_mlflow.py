@@ -57,6 +57,10 @@ def test_run_is_complete_in_a_real_server_and_leaks_no_credential(
     assert params["per_worker_batch_size"] == "3" and params["version.keras"].startswith("3.")
     assert run.data.tags["team"] == "tests" and run.data.tags["rayparallel.num_nodes"] == "1"
     assert run.data.tags["rayparallel.ray_run_name"].startswith("mlflow-lstm-")
+    assert run.data.tags["mlflow.user"] and run.data.tags["mlflow.source.type"] == "LOCAL"  # the Overview's
+    assert "pytest" in run.data.tags["mlflow.source.name"]  # Created by and Source: what called train()
+    duration = (run.info.end_time - run.info.start_time) / 1000  # the Overview's Duration: the whole command
+    assert duration >= result.seconds - 1, (duration, result.seconds)
     assert run.data.tags["api_token"] == "***" and params["mlflow.tracking_uri"].startswith("http://rp-user:***@")
     assert not [v for v in [*params.values(), *run.data.tags.values()] if password in v]
     for key in ("loss", "val_loss", "mae", "val_mae"):
@@ -78,6 +82,8 @@ def test_run_is_complete_in_a_real_server_and_leaks_no_credential(
     model = mlflow.keras.load_model(f"models:/{model_id}")
     assert model.inputs[0].shape[0] == 1  # rebuilt at mlflow.model_batch_size
     assert model.predict_on_batch(np.zeros((1, 5, 2), "float32")).shape == (1, 5, 1)
+    signature = mlflow.models.get_model_info(f"models:/{model_id}").signature  # what serving says it takes
+    assert signature.inputs.to_dict() == [{"type": "tensor", "tensor-spec": {"dtype": "float32", "shape": (-1, 5, 2)}}]
     versions = client.search_model_versions("name='rp-lstm'")
     assert len(versions) == 1 and versions[0].run_id == run.info.run_id
 

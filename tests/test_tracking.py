@@ -36,7 +36,7 @@ def test_mlflows_default_store_is_chosen_without_mlflow_and_the_run_waits_for_it
 
     from mlflow.tracking import MlflowClient
 
-    from rayparallel.tracking.mlflow_run import MlflowRun
+    from rayparallel.tracking.mlflow_run import MlflowRun, TrackingSettings
 
     probe = (
         "import sys; from rayparallel.tracking.mlflow_run import tracking_uri_as_set as t; "
@@ -49,7 +49,9 @@ def test_mlflows_default_store_is_chosen_without_mlflow_and_the_run_waits_for_it
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/elsewhere.db")
     warnings: list[str] = []
-    run = MlflowRun(None, "held", "run-1", tmp_path / "unlogged.json", warnings.append, tags={"t": "1"})
+    started_at = time.time() - 30  # the command started before the run is created (its first step)
+    settings = TrackingSettings(None, "held", "run-1", tmp_path / "unlogged.json", {"t": "1"}, started_at=started_at)
+    run = MlflowRun(settings, warnings.append)
     run.log_metrics({"loss": 0.5}, step=1)
     assert not run.wait_started(1.0) and run.run_id is None  # held: nothing created yet
     run.release()
@@ -59,6 +61,7 @@ def test_mlflows_default_store_is_chosen_without_mlflow_and_the_run_waits_for_it
     assert run.tracking_uri == store and not (tmp_path / "elsewhere.db").exists()
     logged = MlflowClient(store).get_run(run.run_id)
     assert logged.info.status == "FINISHED" and logged.data.metrics == {"loss": 0.5} and logged.data.tags["t"] == "1"
+    assert logged.info.start_time == int(started_at * 1000)  # the Overview's Duration is the command's
 
 
 @pytest.mark.slow

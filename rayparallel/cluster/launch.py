@@ -39,7 +39,7 @@ from ..result import TrainResult, describe_stop
 from ..secrets import mask, mask_text
 from ..spec import JobSpec
 from ..startup import describe, relative
-from ..tracking.mlflow_run import tracking_uri_as_set
+from ..tracking.mlflow_run import TrackingSettings, source_tags, tracking_uri_as_set
 from ..worker.loop import train_loop_per_worker
 from . import connect as cluster
 from .abort import ControllerAnnounced, abort_training
@@ -63,6 +63,7 @@ class Launch:
     verbose: bool = True
     worker_logs: bool = False
     started_at: float = field(default_factory=time.time)  # the command's start: the clock of `startup`
+    source_name: str = ""  # what MLflow shows as the run's Source: the job file, or the script that called train
     marks: dict[str, float] = field(default_factory=dict)  # the driver's start-up phases, unix time
     # Called with each epoch's global logs as they arrive; a returned reason ends the run as
     # finished after the epoch in progress (a sweep's trial that its Tune scheduler stops).
@@ -332,20 +333,21 @@ def _scaling_config(spec: JobSpec) -> ScalingConfig:
     )
 
 
-def _tracking_config(run: Launch) -> dict | None:
+def _tracking_config(run: Launch) -> TrackingSettings | None:
     spec, state = run.spec, run.plan.state
     if not spec.mlflow.enabled:
         return None
-    return {
-        "tracking_uri": tracking_uri_as_set(spec.mlflow.tracking_uri),
-        "experiment": spec.mlflow.experiment or spec.name,
-        "run_name": spec.mlflow.run_name or state.ray_run_name,
-        "tags": dict(mask(spec.mlflow.tags), **{"rayparallel.ray_run_name": state.ray_run_name}),
-        "unlogged_path": run.output_dir / "mlflow_unlogged.json",
-        "resume_run_id": state.mlflow_run_id,
-        "inputs": run.inputs,
-        "settings": run.settings,
-    }
+    return TrackingSettings(
+        tracking_uri=tracking_uri_as_set(spec.mlflow.tracking_uri),
+        experiment=spec.mlflow.experiment or spec.name,
+        run_name=spec.mlflow.run_name or state.ray_run_name,
+        tags={**source_tags(run.source_name), **mask(spec.mlflow.tags), "rayparallel.ray_run_name": state.ray_run_name},
+        unlogged_path=run.output_dir / "mlflow_unlogged.json",
+        resume_run_id=state.mlflow_run_id,
+        inputs=run.inputs,
+        used=run.settings,
+        started_at=run.started_at,
+    )
 
 
 def _tracking_line(when: str, info: dict) -> str:

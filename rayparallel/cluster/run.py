@@ -155,6 +155,7 @@ def run_job(
         check_folders(plan.spec, output_dir, checks, verbose)
         run = Launch(
             output_dir=output_dir,
+            source_name=source_of(spec),
             search_path=[working_dir],
             plan=plan,
             baselines=checks.baselines,
@@ -180,3 +181,12 @@ def checks_waiting(job: JobSpec) -> str:
             "(Ray Data may be waiting for CPUs beside the workers, or the function blocks)"
         )
     return "the driver's checks are calling data.loader and building the replica (the loader may block)"
+
+
+def source_of(spec: SpecSource) -> str:
+    """The run's source as MLflow shows it: the job file, else the script (or notebook kernel) that ran."""
+    import sys
+
+    if isinstance(spec, (str, os.PathLike)):
+        return str(Path(spec).resolve())
+    return str(Path(sys.argv[0]).resolve()) if sys.argv and sys.argv[0] else "python"

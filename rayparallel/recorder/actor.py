@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,8 @@ from .stops import StopArbiter
 if TYPE_CHECKING:
     import numpy as np
 
+    from ..tracking.mlflow_run import TrackingSettings
+
 
 # How often Ray starts the recorder again after its process died; then the run fails with one line.
 RECORDER_RESTARTS = 3
@@ -67,7 +70,7 @@ class RunRecorder:
         checkpoint_dir: str,
         search_path: list[str],
         journal: str,
-        tracking: dict | None = None,
+        tracking: TrackingSettings | None = None,
         run_folder: str | None = None,
     ):
         set_env_defaults("tensorflow")
@@ -90,7 +93,7 @@ class RunRecorder:
         restarted = ray.get_runtime_context().was_current_actor_reconstructed
         acknowledged = self._journal.read() if restarted else None
         if acknowledged and tracking and acknowledged["mlflow_run_id"]:
-            tracking = dict(tracking, resume_run_id=acknowledged["mlflow_run_id"])  # the same MLflow run
+            tracking = replace(tracking, resume_run_id=acknowledged["mlflow_run_id"])  # the same MLflow run
         self._mlflow = MlflowRecord(spec, tracking, self._warn) if tracking else None
         if acknowledged:
             self._carry_on(acknowledged)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..result import describe_stop
 from ..secrets import mask_text
-from ..tracking.mlflow_run import MlflowRun
+from ..tracking.mlflow_run import MlflowRun, TrackingSettings
 from ..tracking.params import run_params, worker_tags
 
 if TYPE_CHECKING:
@@ -20,12 +20,10 @@ if TYPE_CHECKING:
 
 
 class MlflowRecord:
-    def __init__(self, spec: JobSpec, tracking: dict, warn: Callable[[str], None]):
+    def __init__(self, spec: JobSpec, tracking: TrackingSettings, warn: Callable[[str], None]):
         self._settings = spec.mlflow
-        tracking = dict(tracking)
-        used = tracking.pop("settings", {})  # what train: left out, as the run used it
-        self._run = MlflowRun(notify=warn, **tracking)
-        self._run.log_params({**run_params(spec), **used})
+        self._run = MlflowRun(tracking, notify=warn)
+        self._run.log_params({**run_params(spec), **tracking.used})
         self._announced = False
         self._unsaved: list[str] = []
 

@@ -16,6 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,14 +70,18 @@ def tracking_uri_as_set(configured: str | None) -> str | None:
     return os.environ.get("MLFLOW_TRACKING_URI") or None
 
 
-def open_run(client: Any, tracking_uri: str, experiment: str, run_name: str, run_id: str | None) -> tuple[str, str]:
-    """(experiment id, run id): the run `run_id` reopened as RUNNING (a resume), else a new run."""
+def open_run(
+    client: Any, tracking_uri: str, experiment: str, run_name: str, run_id: str | None, started_at: float | None = None
+) -> tuple[str, str]:
+    """(experiment id, run id): the run `run_id` reopened as RUNNING (a resume), else a new run that started
+    at `started_at` (the command's start: the run is created only after the first step, `MlflowRun.release`)."""
     if run_id:
         found = client.get_run(run_id).info.experiment_id
         client.update_run(run_id, status="RUNNING")
         return found, run_id
     created = experiment_id(client, experiment, tracking_uri)
-    return created, client.create_run(created, run_name=run_name).info.run_id
+    start_time = int(started_at * 1000) if started_at else None
+    return created, client.create_run(created, run_name=run_name, start_time=start_time).info.run_id
 
 
 def log_keras_model(tracking_uri: str, run_id: str, model: Any, registered_model_name: str | None) -> None:
@@ -90,8 +95,31 @@ def log_keras_model(tracking_uri: str, run_id: str, model: Any, registered_model
     requirements = [f"tensorflow=={tf.__version__}", f"keras=={keras.__version__}"]  # no slow inference
     with mlflow.start_run(run_id=run_id, log_system_metrics=False):
         mlflow.keras.log_model(
-            model, name="model", registered_model_name=registered_model_name, pip_requirements=requirements
+            model,
+            name="model",
+            registered_model_name=registered_model_name,
+            pip_requirements=requirements,
+            signature=keras_signature(model),
         )
+
+
+def keras_signature(model: Any) -> Any:
+    """The model's inputs and outputs as MLflow's signature, any batch (-1): what `mlflow models serve` and
+    the UI say the model takes. None where MLflow's tensor specs cannot say it (string inputs)."""
+    import numpy as np
+    from mlflow.models import ModelSignature
+    from mlflow.types import Schema, TensorSpec
+
+    def schema(tensors: list, names: list[str]) -> Schema:
+        shapes = [(-1, *(-1 if d is None else d for d in t.shape[1:])) for t in tensors]
+        named = names if len(tensors) > 1 else [None]
+        return Schema([TensorSpec(np.dtype(t.dtype), s, n) for t, s, n in zip(tensors, shapes, named, strict=True)])
+
+    try:
+        inputs = schema(model.inputs, [t.name for t in model.inputs])
+        return ModelSignature(inputs, schema(model.outputs, list(getattr(model, "output_names", []) or [])))
+    except (TypeError, ValueError):  # a dtype NumPy or MLflow's TensorSpec has no word for
+        return None
 
 
 def enter_working_directory(path: str) -> None:
@@ -109,24 +137,46 @@ def enter_working_directory(path: str) -> None:
 HOLD_S = 20.0
 
 
+@dataclass(frozen=True)
+class TrackingSettings:
+    """Where and as what a run is recorded in MLflow: what the driver hands the recorder."""
+
+    tracking_uri: str | None  # None: MLflow's default store, resolved where the run is logged (`MlflowRun`)
+    experiment: str
+    run_name: str
+    unlogged_path: Path  # what could not be delivered, at the end
+    tags: dict = field(default_factory=dict)  # the job's, the run's source and user (`mlflow.source.name`, ...)
+    resume_run_id: str | None = None  # the MLflow run a resumed (or restarted) run goes on with
+    inputs: list[dict] = field(default_factory=list)  # the datasets trained on, as mlflow.log_input records them
+    used: dict = field(default_factory=dict)  # train: keys the job left out, as the run used them (params)
+    started_at: float | None = None  # unix time the command started: the run's start in MLflow's Overview
+
+
+def source_tags(source: str) -> dict[str, str]:
+    """What MLflow's UI shows as a run's Source and who ran it, as its own fluent API sets them."""
+    import getpass
+
+    kind = "NOTEBOOK" if "ipykernel" in sys.modules else "LOCAL"
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container)
+        user = str(os.getuid())
+    return {"mlflow.source.name": source, "mlflow.source.type": kind, "mlflow.user": user}
+
+
 class MlflowRun:
-    def __init__(
-        self,
-        tracking_uri: str | None,  # None: MLflow's default store (resolved once needed, see `tracking_uri`)
-        experiment: str,
-        run_name: str,
-        unlogged_path: Path,
-        notify: Callable[[str], None],
-        tags: dict | None = None,
-        resume_run_id: str | None = None,
-        inputs: list[dict] | None = None,
-    ):
+    def __init__(self, settings: TrackingSettings, notify: Callable[[str], None]):
         set_env_defaults("mlflow")  # the recorder's process: MLflow's own retries would hold up the queue
-        if tracking_uri is None:  # the driver had none set: a cluster's MLFLOW_TRACKING_URI here must not choose
+        if settings.tracking_uri is None:  # the driver had none: a cluster's MLFLOW_TRACKING_URI here must not choose
             os.environ.pop("MLFLOW_TRACKING_URI", None)
-        self._tracking_uri, self.experiment, self.run_name = tracking_uri, experiment, run_name
-        self.run_id: str | None = resume_run_id
-        self.unlogged_path = unlogged_path
+        self._tracking_uri, self.experiment, self.run_name = (
+            settings.tracking_uri,
+            settings.experiment,
+            settings.run_name,
+        )
+        self._started_at = settings.started_at
+        self.run_id: str | None = settings.resume_run_id
+        self.unlogged_path = settings.unlogged_path
         self.experiment_id: str | None = None
         self._notify = notify
         self._queue: deque = deque()
@@ -140,10 +190,10 @@ class MlflowRun:
         self._logged_steps: dict[str, int] = {}
         self._thread = threading.Thread(target=self._deliver, name="rayparallel-mlflow", daemon=True)
         self._queue.append(("start", {}))
-        if tags:
-            self.set_tags(tags)
-        if inputs:  # the datasets trained on, as mlflow.log_input records them (MLflow keeps one per digest)
-            self._queue.append(("inputs", {"inputs": inputs}))
+        if settings.tags:
+            self.set_tags(settings.tags)
+        if settings.inputs:  # the datasets trained on, as mlflow.log_input records them (MLflow keeps one per digest)
+            self._queue.append(("inputs", {"inputs": settings.inputs}))
         self._thread.start()
 
     @property
@@ -247,7 +297,7 @@ class MlflowRun:
         if kind == "start":
             resumed = self.run_id is not None
             self.experiment_id, self.run_id = open_run(
-                client, self.tracking_uri, self.experiment, self.run_name, self.run_id
+                client, self.tracking_uri, self.experiment, self.run_name, self.run_id, self._started_at
             )
             if resumed:  # the same run goes on; epochs it has already are not logged twice
                 self._logged_steps = {

@@ -49,8 +49,8 @@ class StallWatch:
         self._warned: float | None = None
 
     def saw(self, event: Event) -> None:
-        if isinstance(event, PhaseReached):
-            self._phase = event.phase
+        if isinstance(event, PhaseReached):  # a start-up, or a restarted worker group's: its phase says more
+            self._phase, self._where = event.phase, None
         elif isinstance(event, Progress):
             self._where = f"epoch {event.epoch} step {event.step}/{event.steps}"
         elif isinstance(event, EpochEnded):

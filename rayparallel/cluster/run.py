@@ -137,6 +137,7 @@ def run_job(
 
     started_at = started_at or time.time()
     working_dir = os.getcwd()  # before Ray: in `ray job submit` the cwd may be gone once the driver connects
+    source_name = source_of(spec)  # a path resolved against it: before Ray too
     marks: dict[str, float] = {}  # the driver's start-up phases (rayparallel.startup)
     job = load_spec(spec, overrides)
     output_dir = Path(output_dir if output_dir is not None else Path("runs") / job.name).resolve()
@@ -155,7 +156,7 @@ def run_job(
         check_folders(plan.spec, output_dir, checks, verbose)
         run = Launch(
             output_dir=output_dir,
-            source_name=source_of(spec),
+            source_name=source_name,
             search_path=[working_dir],
             plan=plan,
             baselines=checks.baselines,

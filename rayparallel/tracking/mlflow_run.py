@@ -156,7 +156,9 @@ def source_tags(source: str) -> dict[str, str]:
     """What MLflow's UI shows as a run's Source and who ran it, as its own fluent API sets them."""
     import getpass
 
-    kind = "NOTEBOOK" if "ipykernel" in sys.modules else "LOCAL"
+    ipython = sys.modules.get("IPython")  # a notebook: a running kernel, not a module imported (nbclient does)
+    shell = ipython.get_ipython() if ipython is not None else None
+    kind = "NOTEBOOK" if getattr(shell, "kernel", None) is not None else "LOCAL"
     try:
         user = getpass.getuser()
     except (KeyError, OSError):  # no name for this uid (a container)

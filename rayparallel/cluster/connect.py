@@ -119,10 +119,10 @@ def cluster_can_grow() -> bool:
 
 def resources_line(spec: JobSpec) -> str:
     """What the workers ask Ray for and what the cluster has free, for a run waiting to start."""
-    need = ", ".join(f"{amount:g} {name}" for name, amount in worker_need(spec).items())
-    free = ray.available_resources()
-    have = ", ".join(f"{free.get(name, 0):g} {name}" for name in worker_need(spec))
-    return f"{spec.scaling.min_workers} workers x {need}; free now: {have}"
+    need, free = worker_need(spec), ray.available_resources()
+    asked = ", ".join(f"{amount:g} {name}" for name, amount in need.items())
+    have = ", ".join(f"{free.get(name, 0):g} {name}" for name in need)
+    return f"{spec.scaling.min_workers} workers x {asked}; free now: {have}"
 
 
 def check_capacity(spec: JobSpec, say_when_it_can_grow: Callable[[str], None] | None = None) -> None:

@@ -4,9 +4,10 @@
 >>> result = rayparallel.train("jobs/stateful_lstm.yaml", overrides=["train.epochs=2"])  # doctest: +SKIP
 """
 
-from .api import fit, train, tune, validate
+from .api import fit, predict, train, tune, validate
 from .checkpoint.export import Exported, export, load_model
 from .errors import RayParallelError
+from .inference.output import read_predictions
 from .result import TrainResult
 from .spec import JobSpec, Shard, load_spec
 from .sweep.result import SweepResult
@@ -17,6 +18,8 @@ __all__ = [
     "train",
     "tune",
     "validate",
+    "predict",
+    "read_predictions",
     "load_model",
     "export",
     "load_spec",

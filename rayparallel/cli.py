@@ -1,4 +1,4 @@
-"""`rayparallel train|validate|tune|submit|export`: the command line over the Python API.
+"""`rayparallel train|validate|tune|submit|export|predict`: the command line over the Python API.
 
 Bad input exits with code 2 and one line on stderr; `--debug` shows the traceback.
 """
@@ -20,6 +20,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_train_and_validate(commands)
     _add_tune(commands)
     _add_submit_and_export(commands)
+    _add_predict(commands)
     return parser
 
 
@@ -96,6 +97,27 @@ def _add_submit_and_export(commands: argparse._SubParsersAction) -> None:
     export.add_argument(
         "--unlisted", action="store_true", help="accept a weights file the folder's manifest does not list"
     )
+
+
+def _add_predict(commands: argparse._SubParsersAction) -> None:
+    predict = commands.add_parser("predict", help="predict the job's rows with trained weights, on Ray workers")
+    predict.add_argument("job", help="job YAML file")
+    predict.add_argument("--weights", required=True, help="a .weights.h5 file or a checkpoint folder (then its best)")
+    predict.add_argument("--out", required=True, help="folder for the Parquet files and predict.json")
+    predict.add_argument(
+        "--split", default="predict", choices=("predict", "val"), help="the loader's x_predict (default) or x_val"
+    )
+    _repeatable(predict, "--set", "overrides", "KEY=VALUE", "override a spec value, e.g. predict.batch_size=512")
+    predict.add_argument("--num-workers", type=int, default=None, help="default: the job's scaling.num_workers")
+    predict.add_argument("--use-gpu", action="store_true", default=None, help="one GPU per worker")
+    predict.add_argument(
+        "--continue-states",
+        action="store_true",
+        help="layout streams: start each stream from its state at the end of the loader's x_train (default: zero)",
+    )
+    predict.add_argument("--overwrite", action="store_true", help="replace an earlier prediction in --out")
+    predict.add_argument("--unlisted", action="store_true", help="accept a weights file the manifest does not list")
+    predict.add_argument("--worker-logs", action="store_true", help="show the workers' own output")
 
 
 def _repeatable(command: argparse.ArgumentParser, flag: str, dest: str, metavar: str, text: str) -> None:
@@ -203,7 +225,34 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": _train, "validate": _validate, "tune": _tune, "submit": _submit, "export": _export}
+def _predict(args: argparse.Namespace) -> int:
+    from .api import predict
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    predict(
+        args.job,
+        weights=args.weights,
+        out=args.out,
+        split=args.split,
+        overrides=args.overrides,
+        num_workers=args.num_workers,
+        use_gpu=args.use_gpu,
+        continue_states=args.continue_states,
+        overwrite=args.overwrite,
+        unlisted=args.unlisted,
+        worker_logs=args.worker_logs or args.debug,
+    )
+    return 0
+
+
+COMMANDS = {
+    "train": _train,
+    "validate": _validate,
+    "tune": _tune,
+    "submit": _submit,
+    "export": _export,
+    "predict": _predict,
+}
 
 
 if __name__ == "__main__":

@@ -483,3 +483,15 @@ def dataset_that_blocks(path: str):
     import time
 
     time.sleep(3600)
+
+
+def write_blobs_to_predict(directory, rows: int = 40) -> str:
+    """`blobs`' validation images as parquet in a shuffled row order, each with its `image_id`."""
+    x = blobs(val_rows=rows)["x_val"]
+    order = np.random.default_rng(5).permutation(rows)
+    return write_parquet(f"{directory}/predict", {"image": x[order], "image_id": order + 1000}, files=3)
+
+
+def predict_parquet(path: str):
+    """`data.predict_dataset` for tests: `path/predict` as parquet."""
+    return parquet_dataset(path, "predict")

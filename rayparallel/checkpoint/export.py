@@ -71,12 +71,21 @@ def load_model(
 
     >>> model = rayparallel.load_model("runs/stateful-lstm-co2/checkpoints", batch_size=1)  # doctest: +SKIP
     """
-    return _rebuilt(checkpoint, batch_size, unlisted, builder_kwargs)[0]
+    return rebuild(checkpoint, batch_size, unlisted, builder_kwargs).model
 
 
-def _rebuilt(
-    checkpoint: str | os.PathLike, batch_size: int, unlisted: bool, builder_kwargs: dict
-) -> tuple[keras.Model, Path, str]:
+@dataclass(frozen=True)
+class Rebuilt:
+    """A checkpoint's model rebuilt: the model, the recipe it was built by, the weights file and why that one."""
+
+    model: keras.Model
+    recipe: ModelSpec  # the builder (a name or the function itself) and its kwargs, changes applied
+    weights: Path
+    why: str  # "the best by val_loss", "the newest", "the file given"...
+
+
+def rebuild(checkpoint: str | os.PathLike, batch_size: int, unlisted: bool, builder_kwargs: dict) -> Rebuilt:
+    """`load_model`'s work: the weights file found, its model rebuilt for `batch_size` and loaded."""
     import h5py
 
     from ..quiet import import_tensorflow
@@ -98,7 +107,7 @@ def _rebuilt(
         model.load_weights(str(path))
     except Exception as exc:  # Keras raises ValueError/KeyError/OSError for mismatches
         raise RayParallelError(_misfit(recipe, wanted, model, path, exc)) from None
-    return model, path, why
+    return Rebuilt(model, wanted, path, why)
 
 
 def _misfit(recipe: ModelSpec, wanted: ModelSpec, model: keras.Model, path: Path, exc: Exception) -> str:
@@ -142,7 +151,7 @@ def export(
     out = Path(out)
     if out.suffix != ".keras":
         raise RayParallelError(f"--out: expected a path ending in '.keras', received {str(out)!r}")
-    model, weights, why = _rebuilt(checkpoint, batch_size, unlisted, builder_kwargs)
+    rebuilt = rebuild(checkpoint, batch_size, unlisted, builder_kwargs)
     out.parent.mkdir(parents=True, exist_ok=True)
-    model.save(str(out))
-    return Exported(out, weights, why)
+    rebuilt.model.save(str(out))
+    return Exported(out, rebuilt.weights, rebuilt.why)

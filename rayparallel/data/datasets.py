@@ -81,14 +81,16 @@ def open_datasets(spec: DataSpec, global_batch_size: int, seed: int) -> OpenedDa
         if ref is None:
             continue
         key = "data.dataset" if split == "train" else "data.val_dataset"
-        dataset = _call(ref, key, spec.kwargs)
+        dataset = call_dataset(ref, key, spec.kwargs)
         if spec.layout == "streams":  # read files by name, rows as stored: the sample is the first t
             dataset.context.execution_options.preserve_order = True
         schema = _read(dataset.schema, key)
         if schema is None:
             raise DataError(f"{key}: expected rows with columns, received an empty dataset")
         columns = list(schema.names)
-        wanted = _names(spec.x) + _names(spec.y) + (list(STREAM_COLUMNS) if spec.layout == "streams" else [])
+        wanted = (
+            column_names(spec.x) + column_names(spec.y) + (list(STREAM_COLUMNS) if spec.layout == "streams" else [])
+        )
         missing = [c for c in wanted if c not in columns]
         if missing:
             raise DataError(f"{key}: expected columns {missing} (data.x, data.y, layout), received columns {columns}")
@@ -210,7 +212,7 @@ def lockstep(streams: list, chunk_rows: int = STREAM_CHUNK_ROWS) -> Iterator[dic
             return
 
 
-def _call(ref: str, key: str, kwargs: dict) -> ray.data.Dataset:
+def call_dataset(ref: str, key: str, kwargs: dict) -> ray.data.Dataset:
     import ray.data
 
     function = resolve(ref, key)
@@ -235,7 +237,7 @@ def _read(action: Any, key: str) -> Any:
         raise DataError(f"{key}: expected a dataset that reads, received {type(cause).__name__}: {text}") from None
 
 
-def _names(value: str | list[str]) -> list[str]:
+def column_names(value: str | list[str]) -> list[str]:
     return [value] if isinstance(value, str) else list(value)
 
 

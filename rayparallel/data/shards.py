@@ -34,7 +34,7 @@ class Split:
 
     @property
     def rows(self) -> int:
-        return len(_leaves(self.y)[0][1])
+        return len(leaves(self.y)[0][1])
 
 
 @dataclass
@@ -107,7 +107,7 @@ def describe_arrays(spec: DataSpec, data: Data) -> dict:
     digest = hashlib.sha256(repr([source, spec.kwargs]).encode())
     schema = {}
     for prefix, values in (("x", data.train.x), ("y", data.train.y)):
-        for key, array in _leaves(values):
+        for key, array in leaves(values):
             schema[prefix + key] = [str(array.dtype), list(array.shape[1:])]
             digest.update(np.ascontiguousarray(array[:: max(1, len(array) // 64)]).tobytes())  # 64 rows spread out
     return {
@@ -121,21 +121,21 @@ def describe_arrays(spec: DataSpec, data: Data) -> dict:
 
 
 def _split(x: Any, y: Any, name: str, global_batch_size: int, check_finite: bool) -> Split:
-    x = _as_arrays(x, f"x_{name}")
-    y = _as_arrays(y, f"y_{name}")
-    lengths = {f"x_{name}{key}": len(a) for key, a in _leaves(x)}
-    lengths.update({f"y_{name}{key}": len(a) for key, a in _leaves(y)})
+    x = as_arrays(x, f"x_{name}")
+    y = as_arrays(y, f"y_{name}")
+    lengths = {f"x_{name}{key}": len(a) for key, a in leaves(x)}
+    lengths.update({f"y_{name}{key}": len(a) for key, a in leaves(y)})
     if len(set(lengths.values())) > 1:
         shown = ", ".join(f"{k}={v}" for k, v in lengths.items())
         raise DataError(f"data.loader: expected x_{name} and y_{name} with the same number of rows, received {shown}")
-    rows = len(_leaves(y)[0][1])
+    rows = len(leaves(y)[0][1])
     if rows < global_batch_size:
         raise DataError(
             f"data.loader: expected at least one global batch ({global_batch_size} rows) in {name}, "
             f"received {rows} rows"
         )
     if check_finite:
-        labelled = [(f"x_{name}{key}", a) for key, a in _leaves(x)] + [(f"y_{name}{key}", a) for key, a in _leaves(y)]
+        labelled = [(f"x_{name}{key}", a) for key, a in leaves(x)] + [(f"y_{name}{key}", a) for key, a in leaves(y)]
         for label, array in labelled:
             if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
                 bad = int(np.argwhere(~np.isfinite(array))[0][0])
@@ -176,18 +176,18 @@ def class_weights(y: np.ndarray, class_weight: dict) -> np.ndarray:
     return np.array([class_weight.get(int(label), 1.0) for label in labels], dtype="float32")
 
 
-def _as_arrays(value: Any, label: str) -> Any:
+def as_arrays(value: Any, label: str) -> Any:
     if isinstance(value, dict):
-        return {k: _as_arrays(v, f"{label}[{k!r}]") for k, v in value.items()}
+        return {k: as_arrays(v, f"{label}[{k!r}]") for k, v in value.items()}
     if isinstance(value, tuple):  # multi-input model: one array per input
-        return tuple(_as_arrays(v, f"{label}[{i}]") for i, v in enumerate(value))
+        return tuple(as_arrays(v, f"{label}[{i}]") for i, v in enumerate(value))
     array = np.asarray(value)
     if array.ndim == 0:
         raise DataError(f"data.loader: expected {label} to be an array of rows, received {describe(value)}")
     return array
 
 
-def _leaves(x: Any) -> list[tuple[str, np.ndarray]]:
+def leaves(x: Any) -> list[tuple[str, np.ndarray]]:
     if isinstance(x, dict):
         return [(f"[{k!r}]", v) for k, v in x.items()]
     if isinstance(x, tuple):

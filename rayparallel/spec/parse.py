@@ -24,6 +24,7 @@ from .schema import JobSpec
 
 _POSITIVE = {
     "train.global_batch_size",
+    "predict.batch_size",
     "train.epochs",
     "train.initial_loss_scale",
     "train.gradient_accumulation_steps",
@@ -180,7 +181,7 @@ def _coerce(value: Any, hint: Any, path: str) -> Any:
 def _check_values(spec: JobSpec) -> None:
     flat = {
         f"{section}.{name}": value
-        for section in ("train", "scaling", "run", "mlflow", "failure", "tune")
+        for section in ("train", "scaling", "run", "mlflow", "failure", "tune", "predict")
         for name, value in vars(getattr(spec, section)).items()
     }
     for key in _POSITIVE:
@@ -212,7 +213,7 @@ def _check_values(spec: JobSpec) -> None:
     _check_workers(spec)
     _check_data(spec)
     refs = {"model.builder": spec.model.builder, "data.loader": spec.data.loader, "data.dataset": spec.data.dataset}
-    refs["data.val_dataset"] = spec.data.val_dataset
+    refs.update({"data.val_dataset": spec.data.val_dataset, "data.predict_dataset": spec.data.predict_dataset})
     for key, ref in refs.items():
         if ref is None:
             continue

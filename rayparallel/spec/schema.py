@@ -84,6 +84,7 @@ class DataSpec:
     kwargs: dict = field(default_factory=dict)
     dataset: Reference | None = None
     val_dataset: Reference | None = None
+    predict_dataset: Reference | None = None  # `rayparallel predict`'s rows (Ray Data), else the loader's x_predict
     x: str | list = "x"
     y: str | list = "y"
     layout: Literal["streams", "shuffle"] = "shuffle"
@@ -246,6 +247,17 @@ class TuneSpec:
 
 
 @dataclass
+class PredictSpec:
+    """`rayparallel predict`: `train` ignores this section.
+
+    `batch_size` is the rows one replica predicts per step (default: 256 rows of a stateless
+    model; with `layout: streams`, all the streams a worker owns, in groups of at most this many).
+    """
+
+    batch_size: int | None = None
+
+
+@dataclass
 class JobSpec:
     """A whole job file. `JobSpec.per_worker_batch_size` is what each replica is built for."""
 
@@ -259,6 +271,7 @@ class JobSpec:
     mlflow: MlflowSpec = field(default_factory=MlflowSpec)
     failure: FailureSpec = field(default_factory=FailureSpec)
     tune: TuneSpec = field(default_factory=TuneSpec)
+    predict: PredictSpec = field(default_factory=PredictSpec)
 
     @property
     def per_worker_batch_size(self) -> int:

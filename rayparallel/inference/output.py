@@ -42,20 +42,23 @@ def named_outputs(model: Any, predicted: Any) -> dict[str, np.ndarray]:
 
 
 def check_folder(out: Path, overwrite: bool) -> None:
-    """`out` can take a new prediction: a folder holding an earlier one only with `overwrite`."""
-    from ..files import ensure_writable
-
+    """`out` can take a new prediction: a folder holding an earlier one only with `overwrite` (nothing is
+    written here: `clear_folder` makes the folder once every other check has passed)."""
+    if out.exists() and not out.is_dir():
+        raise RayParallelError(f"--out: expected a folder, received {str(out)!r} (an existing file)")
     held = _earlier(out)
     if held and not overwrite:
         raise RayParallelError(
             f"--out: expected a folder without an earlier prediction, received {str(out)!r} holding "
             f"{held[0].name}{f' and {len(held) - 1} more files' if len(held) > 1 else ''} (--overwrite replaces it)"
         )
-    ensure_writable(out, "--out")
 
 
 def clear_folder(out: Path) -> None:
-    """An earlier prediction's files removed, once the new one is about to be written."""
+    """`out` made (or refused in one line) and an earlier prediction's files removed: the new one is next."""
+    from ..files import ensure_writable
+
+    ensure_writable(out, "--out")
     for path in _earlier(out):
         path.unlink()
 

@@ -89,6 +89,7 @@ def run_predict(
         say(
             f"rayparallel predict: {rows.source}, {_described(rows, workers, batch)}; weights {rebuilt.weights} ({rebuilt.why})"
         )
+        output.clear_folder(out)
         started = time.time()
         ray_up.enter_context(_ray(worker_logs))
         files, count = _predicted(job, rows, rebuilt, workers, batch, out, say)
@@ -127,7 +128,6 @@ def _predicted(
     shared = ray.put(rebuilt.model.get_weights())
     predict = _stream_tables if rows.streams else _replica_tables
     tables = predict(job, rows, rebuilt, shared, workers, batch, worker_need(job))
-    output.clear_folder(out)
     return _write(out, tables, rows.count, say)
 
 

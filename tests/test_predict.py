@@ -12,7 +12,7 @@ import pytest
 import rayparallel
 from rayparallel.cli import main
 
-from .helpers import cli
+from .helpers import REPO, cli
 
 
 def saved_weights(folder, builder: str, kwargs: dict, batch_size: int = 4) -> str:
@@ -28,6 +28,16 @@ def saved_weights(folder, builder: str, kwargs: dict, batch_size: int = 4) -> st
     }
     (folder / "manifest.json").write_text(json.dumps(manifest))
     return str(folder)
+
+
+def readme_command(paths: dict[str, str]) -> list[str]:
+    """README's `rayparallel predict` command, as written but for the paths of `paths`."""
+    section = (REPO / "README.md").read_text().split("## Predict", 1)[1].split("\n## ", 1)[0]
+    (line,) = [line for line in section.splitlines() if line.startswith("rayparallel predict ")]
+    args = line.split()[1:]
+    for flag, path in paths.items():
+        args[args.index(flag) + 1] = path
+    return args
 
 
 def stream_by_stream(model, x: np.ndarray, streams: int, warmup: np.ndarray | None = None) -> np.ndarray:
@@ -78,10 +88,8 @@ def test_streams_equal_the_batch_1_loop_on_2_and_1_workers_with_an_mlflow_run_ne
     (run_folder / "result.json").write_text(json.dumps({"mlflow": {"run_id": training}}))
 
     out = tmp_path / "two"
-    run = cli(
-        "predict", "jobs/stateful_lstm.yaml", "--weights", str(run_folder / "checkpoints"), "--out", str(out),
-        "--split", "val", env={"RAY_ADDRESS": ray_address},
-    )  # fmt: skip
+    paths = {"--weights": str(run_folder / "checkpoints"), "--out": str(out)}
+    run = cli(*readme_command(paths), env={"RAY_ADDRESS": ray_address})
     assert run.returncode == 0, run.stderr[-3000:]
     assert f"predicted {shape[0] * shape[1]} rows" in run.stdout and "8 streams on 2 workers" in run.stdout
     assert np.abs(by_stream(out, "change", shape) - expected).max() < 1e-5

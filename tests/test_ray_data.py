@@ -25,15 +25,14 @@ TWO_EPOCHS = ("mlflow.enabled=false", "train.epochs=2")
 
 def test_streams_from_ray_data_train_the_loader_model(ray_address, tmp_path):
     """The same streams from the shared in-memory loader (2 workers) and Ray Data, stored t-major (2 workers)
-    and stream-major (one file per stream; 2 workers, and 1 worker whose validation rows stay t-major): the
-    same weights to 1e-5, the same figures every epoch. (A rank-aware loader: tests/test_equivalence.py.)"""
-    roots = {"": tmp_path / "streams", "stream_major": tmp_path / "by_stream", "mixed": tmp_path / "mixed"}
+    and stream-major (one file per stream, its validation rows t-major; 1 worker): the same weights to 1e-5,
+    the same figures every epoch. (A rank-aware loader: tests/test_equivalence.py.)"""
+    roots = {"": tmp_path / "streams", "mixed": tmp_path / "mixed"}
     write_sine_streams(roots[""], 6)
-    write_sine_streams(roots["stream_major"], 6, stream_major=("train", "val"))
     write_sine_streams(roots["mixed"], 6, stream_major=("train",))
-    assert len(list((roots["stream_major"] / "train").iterdir())) == 6
+    assert len(list((roots["mixed"] / "train").iterdir())) == 6
     runs = {"loader": rayparallel.train(lstm_job("loader", *TWO_EPOCHS), output_dir=tmp_path / "a", verbose=False)}
-    for stored, workers in (("", 2), ("mixed", 1), ("stream_major", 2)):
+    for stored, workers in (("", 2), ("mixed", 1)):
         name = f"raydata{workers}{stored}"
         spec = ray_data_job(name, roots[stored], f"scaling.num_workers={workers}", *TWO_EPOCHS)
         runs[name] = rayparallel.train(spec, output_dir=tmp_path / name, verbose=False)

@@ -28,6 +28,7 @@ FLOORS = {
     "worker": 6,
     "cluster": 7,
     "sweep": 8,  # many runs, each the one run path of cluster/run.py, scheduled by Ray Tune
+    "inference": 8,  # `predict`: trained weights over the job's rows, on tasks or Ray Data replicas
     "api": 9,
     "cli": 9,
     "__init__": 9,

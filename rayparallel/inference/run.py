@@ -95,21 +95,9 @@ def run_predict(
         files, count = _predicted(job, rows, rebuilt, workers, batch, out, say)
     seconds = time.time() - started
     result = PredictResult(
-        out=str(out),
-        rows=count,
-        seconds=round(seconds, 3),
-        rows_per_s=round(count / seconds, 1) if seconds else 0.0,
-        workers=workers,
-        weights=str(rebuilt.weights),
-        why=rebuilt.why,
-        split=split,
-        layout=job.data.layout,
-        batch_size=batch,
-        source=rows.source,
-        files=files,
-        streams=rows.streams,
-        continue_states=continue_states,
-    )
+        str(out), count, round(seconds, 3), round(count / seconds, 1), workers, str(rebuilt.weights), rebuilt.why,
+        split, job.data.layout, batch, rows.source, files, rows.streams, continue_states,
+    )  # fmt: skip
     _record(job, result, out, source_name, say)
     say(
         f"predicted {count} rows in {seconds:.1f} s ({result.rows_per_s:g} rows/s) on {_plural(workers, 'worker')} to {out}"

@@ -199,6 +199,7 @@ def predict(
     weights: str | os.PathLike,
     out: str | os.PathLike,
     split: str = "predict",
+    x: Any = None,
     overrides: Iterable[str] = (),
     num_workers: int | None = None,
     use_gpu: bool | None = None,
@@ -211,7 +212,8 @@ def predict(
     """The model's predictions for the job's rows, on `num_workers` Ray workers, as Parquet in `out`.
 
     The rows: the loader's `x_predict` (`split="val"`: `x_val`), or `data.predict_dataset`
-    (`data.val_dataset`). `weights`: a weights file or a checkpoint folder (its best), as
+    (`data.val_dataset`), or the arrays `x` (an array, a tuple or a dict of arrays, as `fit`
+    takes them; for a `rayparallel.fit` run, pass its `job.yaml`). `weights`: a weights file or a checkpoint folder (its best), as
     `export` takes them. With `layout: streams` each worker carries its streams' states window
     after window, from zero states (`continue_states=True`: from the end of the loader's
     x_train); other rows go through Ray Data to a pool of replicas, keyed by their row (or the
@@ -228,6 +230,7 @@ def predict(
         weights=weights,
         out=out,
         split=split,
+        x=x,
         overrides=overrides,
         num_workers=num_workers,
         use_gpu=use_gpu,

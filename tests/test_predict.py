@@ -114,7 +114,7 @@ def test_streams_equal_the_batch_1_loop_on_2_and_1_workers_with_an_mlflow_run_ne
 
 
 @pytest.mark.slow
-def test_stateless_rows_through_ray_data_come_back_keyed_and_equal_model_predict(ray_address, tmp_path):
+def test_rows_through_ray_data_come_back_keyed_and_equal_model_predict_stateless_or_streams(ray_address, tmp_path):
     from tests.models import blobs, small_cnn, write_blobs_to_predict
 
     weights = saved_weights(tmp_path / "ckpt", "tests.models:small_cnn", {})
@@ -150,6 +150,25 @@ def test_stateless_rows_through_ray_data_come_back_keyed_and_equal_model_predict
     columns = rayparallel.read_predictions(result.out)
     assert sorted(columns["row"]) == list(range(40)) and result.rows == 40
     assert np.abs(columns["dense"] - expected[columns["row"]]).max() < 1e-5
+
+    # streams read through Ray Data: each worker's own streams, put in (stream, t) order from their columns
+    from tests.models import ray_data_job, sine_streams, stateful_lstm, write_sine_streams
+
+    write_sine_streams(tmp_path / "streams", 6, stream_major=("val",))  # one file per stream, stream after stream
+    lstm = saved_weights(tmp_path / "lstm", "tests.models:stateful_lstm", {})
+    streams_job = ray_data_job("streams-predict", tmp_path / "streams")
+    streams_job["data"]["predict_dataset"] = "tests.models:val_parquet"
+    streamed = rayparallel.predict(streams_job, weights=lstm, out=tmp_path / "streamed", verbose=False)
+    one = stateful_lstm(1)
+    one.load_weights(f"{lstm}/final.weights.h5")
+    expected_streams = stream_by_stream(one, sine_streams(6)["x_val"], 6)
+    got = by_stream(streamed.out, "dense", expected_streams.shape)
+    assert streamed.workers == 2 and np.abs(got - expected_streams).max() < 1e-5
+
+    given = rayparallel.predict(job, weights=weights, out=tmp_path / "given", x=images[::-1], verbose=False)
+    columns = rayparallel.read_predictions(given.out)  # arrays passed in, as `rayparallel.fit`'s users hold them
+    assert sorted(columns["row"]) == list(range(40)) and given.source == "the arrays passed as x"
+    assert np.abs(columns["dense"] - expected[::-1][columns["row"]]).max() < 1e-5
 
 
 def test_bad_input_is_one_line_and_an_earlier_prediction_stays(tmp_path, capsys):

@@ -31,6 +31,14 @@ def output_table(keys: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) ->
     return pa.table(columns)
 
 
+def fresh_names() -> None:
+    """Keras' layer names as in a new process (`dense`, not `dense_7`): a task may run in a reused
+    Ray worker where earlier models took them, and the output columns are named after the output layers."""
+    import keras
+
+    keras.utils.clear_session()
+
+
 def named_outputs(model: Any, predicted: Any) -> dict[str, np.ndarray]:
     """`predict_on_batch`'s result by output name (one array, a list, or a dict of them)."""
     names = list(model.output_names)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..data.shards import take
-from .output import named_outputs, output_table
+from .output import fresh_names, named_outputs, output_table
 from .streams import take_first
 
 if TYPE_CHECKING:
@@ -43,6 +43,7 @@ class Replica:
 
         import_tensorflow()
         add_search_path(search_path)
+        fresh_names()
         self.model = build_model(recipe, batch_size)
         self.model.set_weights(ray.get(weights) if isinstance(weights, ray.ObjectRef) else weights)
         self.arrays = ray.get(arrays) if isinstance(arrays, ray.ObjectRef) else arrays

@@ -58,6 +58,7 @@ def run_predict(
     weights: str | os.PathLike,
     out: str | os.PathLike,
     split: str = "predict",
+    x: Any = None,
     overrides: Iterable[str] = (),
     num_workers: int | None = None,
     use_gpu: bool | None = None,
@@ -80,9 +81,9 @@ def run_predict(
     with contextlib.ExitStack() as ray_up:
         # a loader is called before Ray (inside `ray job submit` the working directory may go once the
         # driver connects); a Ray Data function needs Ray first, or Ray Data starts (or joins) one itself
-        if dataset_of(job, split) is not None:
+        if x is None and dataset_of(job, split) is not None:
             ray_up.enter_context(_ray(worker_logs))
-        rows = find_rows(job, split, continue_states)
+        rows = find_rows(job, split, continue_states, x)
         workers = _workers(num_workers, job, rows)
         rebuilt = _rebuilt(job, weights, unlisted)
         batch = _batch_size(job, rows, workers)

@@ -48,9 +48,12 @@ def dataset_of(job: JobSpec, split: str) -> Any:
     return job.data.predict_dataset if split == "predict" else job.data.val_dataset
 
 
-def find_rows(job: JobSpec, split: str, continue_states: bool) -> Rows:
-    """The rows of `split` ("predict" or "val"), checked to fit the job's layout (one line if not)."""
+def find_rows(job: JobSpec, split: str, continue_states: bool, x: Any = None) -> Rows:
+    """The rows of `split` ("predict" or "val"), or the arrays `x` given (`rayparallel.fit`'s users),
+    checked to fit the job's layout (one line if not)."""
     data = job.data
+    if x is not None:
+        return _given_rows(job, x, continue_states)
     dataset_ref = dataset_of(job, split)
     if continue_states and (job.data.layout != "streams" or data.loader is None or dataset_ref is not None):
         raise RayParallelError(
@@ -89,6 +92,16 @@ def _loader_rows(job: JobSpec, split: str, continue_states: bool) -> Rows:
         if continue_states:
             rows.warmup = as_arrays(out["x_train"], "x_train")
             _check_windows(len(leaves(rows.warmup)[0][1]), rows.streams, "x_train")
+    return rows
+
+
+def _given_rows(job: JobSpec, x: Any, continue_states: bool) -> Rows:
+    if continue_states:
+        raise RayParallelError("--continue-states: expected the job's loader rows, received arrays passed as x")
+    rows = Rows("the arrays passed as x", x=as_arrays(x, "x"))
+    if job.data.layout == "streams":
+        rows.streams = job.train.global_batch_size
+        _check_windows(rows.count, rows.streams, "x")
     return rows
 
 

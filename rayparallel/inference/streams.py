@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..data.shards import take
-from .output import named_outputs, output_table
+from .output import fresh_names, named_outputs, output_table
 
 if TYPE_CHECKING:
     import ray.data
@@ -83,6 +83,7 @@ def predict_streams(
         index = loader_windows(len(take_first(x)), streams, start, stop)
     import_tensorflow()
     add_search_path(search_path)
+    fresh_names()
     model = build_model(recipe, group_size)
     model.set_weights(weights)
     layers = stateful_layers(model)

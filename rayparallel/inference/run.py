@@ -72,7 +72,8 @@ def run_predict(
     from ..cluster.run import source_of
 
     say = printer(verbose)
-    source_name = source_of(spec)  # before Ray: inside `ray job submit` the working directory may go
+    working_dir = os.getcwd()  # before Ray: inside `ray job submit` the working directory may go once it connects
+    source_name = source_of(spec)
     job = load_spec(spec, list(overrides))
     if use_gpu is not None:
         job = replace(job, scaling=replace(job.scaling, use_gpu=use_gpu))
@@ -93,7 +94,7 @@ def run_predict(
         output.clear_folder(out)
         started = time.time()
         ray_up.enter_context(_ray(worker_logs))
-        files, count = _predicted(job, rows, rebuilt, workers, batch, out, say)
+        files, count = _predicted(job, rows, rebuilt, workers, batch, out, working_dir, say)
     seconds = time.time() - started
     result = PredictResult(
         str(out), count, round(seconds, 3), round(count / seconds, 1), workers, str(rebuilt.weights), rebuilt.why,
@@ -107,7 +108,7 @@ def run_predict(
 
 
 def _predicted(
-    job: JobSpec, rows: Rows, rebuilt: Rebuilt, workers: int, batch: int, out: Path, say: Say
+    job: JobSpec, rows: Rows, rebuilt: Rebuilt, workers: int, batch: int, out: Path, working_dir: str, say: Say
 ) -> tuple[list[str], int]:
     """The predictions written to `out` as they arrive: (the files, the rows)."""
     import ray
@@ -116,7 +117,7 @@ def _predicted(
 
     shared = ray.put(rebuilt.model.get_weights())
     predict = _stream_tables if rows.streams else _replica_tables
-    tables = predict(job, rows, rebuilt, shared, workers, batch, worker_need(job))
+    tables = predict(job, rows, rebuilt, shared, workers, batch, worker_need(job), working_dir)
     return _write(out, tables, rows.count, say)
 
 
@@ -188,7 +189,7 @@ def _ray(worker_logs: bool) -> Iterator[None]:
 
 
 def _stream_tables(
-    job: JobSpec, rows: Rows, rebuilt: Rebuilt, shared: Any, workers: int, batch: int, need: dict
+    job: JobSpec, rows: Rows, rebuilt: Rebuilt, shared: Any, workers: int, batch: int, need: dict, working_dir: str
 ) -> Iterator[Any]:
     """One streaming task per worker (`streams.predict_streams`); tables as any of them yields one."""
     import ray
@@ -211,7 +212,7 @@ def _stream_tables(
             task.remote(
                 rebuilt.recipe,
                 shared,
-                [os.getcwd()],
+                [working_dir],
                 (start, stop, rows.streams),
                 batch,
                 x,
@@ -230,7 +231,7 @@ def _stream_tables(
 
 
 def _replica_tables(
-    job: JobSpec, rows: Rows, rebuilt: Rebuilt, shared: Any, workers: int, batch: int, need: dict
+    job: JobSpec, rows: Rows, rebuilt: Rebuilt, shared: Any, workers: int, batch: int, need: dict, working_dir: str
 ) -> Iterator[Any]:
     """Ray Data through a pool of `workers` replicas (`replicas.Replica`), tables as they come."""
     import numpy as np
@@ -251,7 +252,7 @@ def _replica_tables(
         fn_constructor_kwargs=dict(
             recipe=rebuilt.recipe,
             weights=shared,
-            search_path=[os.getcwd()],
+            search_path=[working_dir],
             batch_size=batch,
             keys=keys,
             x_names=job.data.x,

@@ -4,10 +4,11 @@
 >>> result = rayparallel.train("jobs/stateful_lstm.yaml", overrides=["train.epochs=2"])  # doctest: +SKIP
 """
 
-from .api import fit, predict, train, tune, validate
+from .api import fit, train, tune, validate
 from .checkpoint.export import Exported, export, load_model
 from .errors import RayParallelError
 from .inference.output import read_predictions
+from .inference.run import predict
 from .result import TrainResult
 from .spec import JobSpec, Shard, load_spec
 from .sweep.result import SweepResult

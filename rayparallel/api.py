@@ -1,4 +1,4 @@
-"""The public Python API: `fit`, `train`, `validate`, `tune` and `predict`."""
+"""The public Python API: `fit`, `train`, `validate` and `tune` (`predict` lives beside its run path, `inference/run.py`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from .spec import JobSpec, SpecSource, load_spec
 if TYPE_CHECKING:
     import keras
 
-    from .inference.run import PredictResult
     from .sweep.result import SweepResult
 
 
@@ -191,52 +190,3 @@ def tune(
     out = (Path(output_dir) if output_dir is not None else Path("runs") / f"{job.name}-tune").resolve()
     ensure_writable(out, "--output-dir")
     return run_sweep(job, settings, out, resume=resume, verbose=verbose, worker_logs=worker_logs)
-
-
-def predict(
-    spec: SpecSource,
-    *,
-    weights: str | os.PathLike,
-    out: str | os.PathLike,
-    split: str = "predict",
-    x: Any = None,
-    overrides: Iterable[str] = (),
-    num_workers: int | None = None,
-    use_gpu: bool | None = None,
-    continue_states: bool = False,
-    overwrite: bool = False,
-    unlisted: bool = False,
-    verbose: bool = True,
-    worker_logs: bool = False,
-) -> PredictResult:
-    """The model's predictions for the job's rows, on `num_workers` Ray workers, as Parquet in `out`.
-
-    The rows: the loader's `x_predict` (`split="val"`: `x_val`), or `data.predict_dataset`
-    (`data.val_dataset`), or the arrays `x` (an array, a tuple or a dict of arrays, as `fit`
-    takes them; for a `rayparallel.fit` run, pass its `job.yaml`). `weights`: a weights file or a checkpoint folder (its best), as
-    `export` takes them. With `layout: streams` each worker carries its streams' states window
-    after window, from zero states (`continue_states=True`: from the end of the loader's
-    x_train); other rows go through Ray Data to a pool of replicas, keyed by their row (or the
-    dataset's id columns). Also written: `out/predict.json`, and an MLflow run.
-
-    >>> result = rayparallel.predict("jobs/stateful_lstm.yaml", weights="runs/stateful-lstm-co2/checkpoints",  # doctest: +SKIP
-    ...                              out="runs/co2-predict", split="val")
-    >>> rayparallel.read_predictions(result.out)["change"].shape  # doctest: +SKIP
-    """
-    from .inference.run import run_predict
-
-    return run_predict(
-        spec,
-        weights=weights,
-        out=out,
-        split=split,
-        x=x,
-        overrides=overrides,
-        num_workers=num_workers,
-        use_gpu=use_gpu,
-        continue_states=continue_states,
-        overwrite=overwrite,
-        unlisted=unlisted,
-        verbose=verbose,
-        worker_logs=worker_logs,
-    )

@@ -226,7 +226,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from .api import predict
+    from .inference.run import predict
 
     signal.signal(signal.SIGTERM, _interrupt)
     predict(

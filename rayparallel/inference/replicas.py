@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..data.shards import take
+from ..data.shards import leaves, take
 from .output import fresh_names, named_outputs, output_table
-from .streams import take_first
 
 if TYPE_CHECKING:
     from ..spec import ModelSpec
@@ -57,7 +56,7 @@ class Replica:
             x = take(self.arrays, batch[ROW])
         else:
             x = features(batch, self.x_names)
-        rows = len(take_first(x))
+        rows = len(leaves(x)[0][1])
         filled = np.concatenate([np.arange(rows), np.zeros(self.batch_size - rows, dtype=int)])
         outputs = named_outputs(self.model, self.model.predict_on_batch(take(x, filled)))
         return output_table(keys, {name: values[:rows] for name, values in outputs.items()})

@@ -9,6 +9,7 @@ weights are read here once and reach the workers through Ray's object store.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -16,6 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..cluster.stall import warned_while
 from ..console import Say, printer
 from ..errors import RayParallelError
 from ..spec import SpecSource, load_spec
@@ -52,7 +54,7 @@ class PredictResult:
     mlflow: dict = field(default_factory=dict)
 
 
-def run_predict(
+def predict(
     spec: SpecSource,
     *,
     weights: str | os.PathLike,
@@ -68,7 +70,20 @@ def run_predict(
     verbose: bool = True,
     worker_logs: bool = False,
 ) -> PredictResult:
-    """See `rayparallel.predict`."""
+    """The model's predictions for the job's rows, on `num_workers` Ray workers, as Parquet in `out`.
+
+    The rows: the loader's `x_predict` (`split="val"`: `x_val`), or `data.predict_dataset`
+    (`data.val_dataset`), or the arrays `x` (an array, a tuple or a dict of arrays, as `fit`
+    takes them; for a `rayparallel.fit` run, pass its `job.yaml`). `weights`: a weights file or a checkpoint folder (its best), as
+    `export` takes them. With `layout: streams` each worker carries its streams' states window
+    after window, from zero states (`continue_states=True`: from the end of the loader's
+    x_train); other rows go through Ray Data to a pool of replicas, keyed by their row (or the
+    dataset's id columns). Also written: `out/predict.json`, and an MLflow run.
+
+    >>> result = rayparallel.predict("jobs/stateful_lstm.yaml", weights="runs/stateful-lstm-co2/checkpoints",  # doctest: +SKIP
+    ...                              out="runs/co2-predict", split="val")
+    >>> rayparallel.read_predictions(result.out)["change"].shape  # doctest: +SKIP
+    """
     from ..cluster.run import source_of
 
     say = printer(verbose)
@@ -95,6 +110,16 @@ def run_predict(
         started = time.time()
         ray_up.enter_context(_ray(worker_logs))
         files, count = _predicted(job, rows, rebuilt, workers, batch, out, working_dir, say)
+    return _finished(
+        job, out, rows, rebuilt, workers, batch, split, continue_states, files, count, started, source_name, say
+    )
+
+
+def _finished(
+    job: JobSpec, out: Path, rows: Rows, rebuilt: Rebuilt, workers: int, batch: int, split: str,
+    continue_states: bool, files: list[str], count: int, started: float, source_name: str, say: Say,
+) -> PredictResult:  # fmt: skip
+    """The result, recorded (predict.json, MLflow) and said."""
     seconds = time.time() - started
     result = PredictResult(
         str(out), count, round(seconds, 3), round(count / seconds, 1), workers, str(rebuilt.weights), rebuilt.why,
@@ -118,7 +143,10 @@ def _predicted(
     shared = ray.put(rebuilt.model.get_weights())
     predict = _stream_tables if rows.streams else _replica_tables
     tables = predict(job, rows, rebuilt, shared, workers, batch, worker_need(job), working_dir)
-    return _write(out, tables, rows.count, say)
+    waiting = "the predict workers are starting (importing TensorFlow, building the model) or wait for CPUs"
+    with warned_while(waiting, job.run.stall_warning_s, say):  # the first predictions: the workers' start-up
+        first = next(tables, None)
+    return _write(out, itertools.chain([first] if first is not None else [], tables), rows.count, say)
 
 
 def _rebuilt(job: JobSpec, weights: str | os.PathLike, unlisted: bool) -> Rebuilt:

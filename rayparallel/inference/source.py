@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..data.datasets import STREAM_COLUMNS, call_dataset, column_names
-from ..data.shards import as_arrays, call_loader, leaves
+from ..data.shards import as_arrays, call_loader, leaves, rank_aware
 from ..errors import DataError, RayParallelError, describe
 from ..spec.references import reference_name
 
@@ -72,7 +72,7 @@ def find_rows(job: JobSpec, split: str, continue_states: bool, x: Any = None) ->
 
 
 def _loader_rows(job: JobSpec, split: str, continue_states: bool) -> Rows:
-    if "shard" in _parameters(job):
+    if rank_aware(job.data):
         raise RayParallelError(
             f"data.loader: expected a loader that returns every row (predict calls it once), received "
             f"{reference_name(job.data.loader)} with a shard argument"
@@ -137,11 +137,3 @@ def _check_windows(count: int, streams: int, key: str) -> None:
             f"{key}: expected rows laid out as windows of {streams} streams (train.global_batch_size; row t*{streams}+i "
             f"is window t of stream i), received {count} rows, not a multiple of {streams}"
         )
-
-
-def _parameters(job: JobSpec) -> set[str]:
-    import inspect
-
-    from ..spec.references import resolve
-
-    return set(inspect.signature(resolve(job.data.loader, "data.loader")).parameters)

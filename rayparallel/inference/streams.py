@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..data.shards import take
+from ..data.shards import leaves, take
 from .output import fresh_names, named_outputs, output_table
 
 if TYPE_CHECKING:
@@ -80,7 +80,8 @@ def predict_streams(
     if dataset is not None:
         x, index = read_streams(dataset, x_names, start, stop)
     else:
-        index = loader_windows(len(take_first(x)), streams, start, stop)
+        index = loader_windows(_rows(x), streams, start, stop)
+    warmup_index = loader_windows(_rows(warmup), streams, start, stop) if warmup is not None else None
     import_tensorflow()
     add_search_path(search_path)
     fresh_names()
@@ -91,7 +92,7 @@ def predict_streams(
         group = np.arange(first, min(first + group_size, stop - start))
         reset_states(layers)
         if warmup is not None:
-            for rows in loader_windows(len(take_first(warmup)), streams, start, stop)[:, group]:
+            for rows in warmup_index[:, group]:
                 model.predict_on_batch(_batch(warmup, rows, group_size))
         yield from _group(model, x, index[:, group], start + group, group_size)
 
@@ -106,13 +107,6 @@ def read_streams(dataset: ray.data.Dataset, x_names: Any, start: int, stop: int)
     columns = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
     index = dataset_windows(columns["stream"].astype("int64"), columns["t"].astype("int64"), start, stop)
     return features(columns, x_names), index
-
-
-def take_first(x: Any) -> np.ndarray:
-    """The first array of `x` (an array, a tuple or a dict of arrays)."""
-    if isinstance(x, dict):
-        return next(iter(x.values()))
-    return x[0] if isinstance(x, tuple) else x
 
 
 def _group(model: Any, x: Any, index: np.ndarray, streams: np.ndarray, group_size: int) -> Iterator[Any]:
@@ -134,6 +128,10 @@ def _group(model: Any, x: Any, index: np.ndarray, streams: np.ndarray, group_siz
             keys, outputs, held = {"stream": [], "t": []}, {}, 0
     if held:
         yield _table(keys, outputs)
+
+
+def _rows(x: Any) -> int:
+    return len(leaves(x)[0][1])
 
 
 def _table(keys: dict[str, list], outputs: dict[str, list]) -> Any:

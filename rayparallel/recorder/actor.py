@@ -94,7 +94,11 @@ class RunRecorder:
         acknowledged = self._journal.read() if restarted else None
         if acknowledged and tracking and acknowledged["mlflow_run_id"]:
             tracking = replace(tracking, resume_run_id=acknowledged["mlflow_run_id"])  # the same MLflow run
-        self._mlflow = MlflowRecord(spec, tracking, self._warn) if tracking else None
+        self._mlflow: MlflowRecord | None = None
+        if tracking:
+            # the run's id is journaled as soon as it exists (the delivery thread creates the run after the
+            # first step, maybe after epoch 1 on a slow machine): a recorder restarted later reopens it
+            self._mlflow = MlflowRecord(spec, tracking, self._warn, on_started=self._record_journal)
         if acknowledged:
             self._carry_on(acknowledged)
             if self._mlflow and "first_step_done" in self._startup:

@@ -20,9 +20,15 @@ if TYPE_CHECKING:
 
 
 class MlflowRecord:
-    def __init__(self, spec: JobSpec, tracking: TrackingSettings, warn: Callable[[str], None]):
+    def __init__(
+        self,
+        spec: JobSpec,
+        tracking: TrackingSettings,
+        warn: Callable[[str], None],
+        on_started: Callable[[], None],
+    ):
         self._settings = spec.mlflow
-        self._run = MlflowRun(tracking, notify=warn)
+        self._run = MlflowRun(tracking, notify=warn, on_started=on_started)
         self._run.log_params({**run_params(spec), **tracking.used})
         self._announced = False
         self._unsaved: list[str] = []

@@ -167,7 +167,12 @@ def source_tags(source: str) -> dict[str, str]:
 
 
 class MlflowRun:
-    def __init__(self, settings: TrackingSettings, notify: Callable[[str], None]):
+    def __init__(
+        self,
+        settings: TrackingSettings,
+        notify: Callable[[str], None],
+        on_started: Callable[[], None] = lambda: None,
+    ):
         set_env_defaults("mlflow")  # the recorder's process: MLflow's own retries would hold up the queue
         if settings.tracking_uri is None:  # the driver had none: a cluster's MLFLOW_TRACKING_URI here must not choose
             os.environ.pop("MLFLOW_TRACKING_URI", None)
@@ -181,6 +186,7 @@ class MlflowRun:
         self.unlogged_path = settings.unlogged_path
         self.experiment_id: str | None = None
         self._notify = notify
+        self._on_started = on_started  # the run's id exists from now on: the recorder's journal keeps it
         self._queue: deque = deque()
         self._cond = threading.Condition()
         self._started = threading.Event()
@@ -307,6 +313,7 @@ class MlflowRun:
                     for key in client.get_run(self.run_id).data.metrics
                 }
             self._started.set()
+            self._on_started()
         elif kind == "params":
             params = [Param(k, v) for k, v in payload["params"].items()]
             existing = client.get_run(self.run_id).data.params

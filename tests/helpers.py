@@ -144,16 +144,16 @@ def keras_fit(builder: Callable, data: dict, compile_args: dict | None, epochs: 
 
 
 def keras_fit_streams(spec: dict):
-    """The oracle for a stateful `tests.models.lstm_job`: Keras `fit` in this process on its
-    streams in order (`shuffle=False`), the states reset where rayparallel resets them (each
-    epoch's start, before and after validation); returns the model and its history."""
+    """The oracle for a stateful job (`tests.models.lstm_job`, the default job): Keras `fit` in this
+    process on its streams in order (`shuffle=False`), the states reset where rayparallel resets them
+    (each epoch's start, before and after validation); returns the model and its history."""
     import keras
 
-    from tests.models import sine_streams, stateful_lstm
+    from rayparallel.spec.references import resolve
 
     train, batch = spec["train"], spec["train"]["global_batch_size"]
     keras.utils.set_random_seed(train["seed"])
-    model = stateful_lstm(batch, **spec["model"].get("kwargs", {}))
+    model = resolve(spec["model"]["builder"], "model.builder")(batch, **spec["model"].get("kwargs", {}))
     optimizer = keras.optimizers.get(train["optimizer"])
     model.compile(optimizer=optimizer, loss=train.get("loss", "mean_squared_error"), metrics=train.get("metrics", []))
     stateful = [layer for layer in model.layers if getattr(layer, "stateful", False)]
@@ -165,7 +165,7 @@ def keras_fit_streams(spec: dict):
 
         on_epoch_begin = on_test_begin = on_test_end = reset
 
-    data = sine_streams(batch, **spec["data"].get("kwargs", {}))
+    data = resolve(spec["data"]["loader"], "data.loader")(batch, **spec["data"].get("kwargs", {}))
     history = model.fit(
         data["x_train"],
         data["y_train"],

@@ -13,7 +13,7 @@ from .helpers import final_weights, job, keras_fit, max_relative_error
 pytestmark = pytest.mark.slow
 
 
-def test_global_statistics_train_fits_model_on_1_2_3_workers_and_local_ones_keep_ranks_equal(ray_address, tmp_path):
+def test_global_statistics_train_fits_model_on_2_and_3_workers_and_local_ones_keep_ranks_equal(ray_address, tmp_path):
     """SGD, no bias before BN, two epochs of 12 steps: the moving statistics (in the weights
     compared) and the validation figures (which normalize with them) follow `fit`'s."""
     import keras
@@ -31,7 +31,7 @@ def test_global_statistics_train_fits_model_on_1_2_3_workers_and_local_ones_keep
         **compile_args,
     )
     model, history = keras_fit(batch_norm_cnn, blobs(), dict(optimizer=keras.optimizers.SGD(0.1), **compile_args), 2)
-    for workers, mode in ((1, "global"), (2, "global"), (3, "global"), (2, "local")):  # 3: shards of 3, 3 and 2
+    for workers, mode in ((2, "global"), (3, "global"), (2, "local")):  # 3: shards of 3, 3 and 2
         sets = [f"scaling.num_workers={workers}", f"train.batch_norm={mode}"]
         result = rayparallel.train(spec, overrides=sets, output_dir=tmp_path / f"{mode}-{workers}", verbose=False)
         error = max_relative_error(final_weights(result.final_weights, batch_norm_cnn), model.get_weights())

@@ -62,37 +62,23 @@ def test_stateful_lstm_streams_3_workers_train_fits_model(ray_address, tmp_path)
     assert history["loss"][-1] < history["loss"][0]
 
 
-@pytest.fixture(scope="module")
-def cnn_one_worker(ray_address, tmp_path_factory):
-    """The reference: the CNN trained on 1 worker (shared by the tests below)."""
-    return run(CNN, tmp_path_factory.mktemp("cnn-one"), 1, 1)
-
-
-def test_stateless_cnn_shuffle_2_workers_same_weights_and_global_metrics(cnn_one_worker, tmp_path):
+def test_stateless_cnn_shuffle_2_workers_with_xla_train_the_1_worker_model(ray_address, tmp_path):
+    """The shuffled CNN on 2 workers with `train.jit_compile: true` (XLA, the GPU default) against 1 worker
+    without it: the same weights and global figures (a shuffled order is rayparallel's own, so 1 worker is
+    the reference here; every other layout has plain Keras `fit` as its oracle)."""
     from tests.models import small_cnn
 
-    one, two = cnn_one_worker, run(CNN, tmp_path, 2, 1)
-    error = max_relative_error(final_weights(two.final_weights, small_cnn), final_weights(one.final_weights, small_cnn))
-    print(f"cnn shuffle: 2 workers vs 1, max relative weight error {error:.2e}")
-    assert error < 1e-5
-    assert set(two.final) >= {"loss", "accuracy", "miou", "val_loss", "val_accuracy", "val_miou"}
-    for key in ("loss", "accuracy", "miou", "val_loss", "val_accuracy", "val_miou"):
-        assert two.final[key] == pytest.approx(one.final[key], rel=1e-4, abs=1e-6), key
-    assert sorted(w["rank"] for w in two.workers) == [0, 1]
-
-
-def test_xla_step_trains_the_same_model(cnn_one_worker, tmp_path):
-    """`train.jit_compile: true` (XLA, the GPU default) on 2 workers against 1 worker without it."""
-    from tests.models import small_cnn
-
-    one = cnn_one_worker
-    xla = rayparallel.train(
+    one = run(CNN, tmp_path, 1, 1)
+    two = rayparallel.train(
         CNN,
         overrides=["scaling.num_workers=2", "scaling.resources_per_worker.CPU=1", "train.jit_compile=true"],
         output_dir=tmp_path / "xla",
         verbose=False,
     )
-    error = max_relative_error(final_weights(xla.final_weights, small_cnn), final_weights(one.final_weights, small_cnn))
+    error = max_relative_error(final_weights(two.final_weights, small_cnn), final_weights(one.final_weights, small_cnn))
     print(f"cnn shuffle: 2 workers with XLA vs 1 without, max relative weight error {error:.2e}")
     assert error < 1e-5
-    assert xla.final["loss"] == pytest.approx(one.final["loss"], rel=1e-4)
+    assert set(two.final) >= {"loss", "accuracy", "miou", "val_loss", "val_accuracy", "val_miou"}
+    for key in ("loss", "accuracy", "miou", "val_loss", "val_accuracy", "val_miou"):
+        assert two.final[key] == pytest.approx(one.final[key], rel=1e-4, abs=1e-6), key
+    assert sorted(w["rank"] for w in two.workers) == [0, 1]

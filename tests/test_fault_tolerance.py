@@ -177,28 +177,48 @@ def test_nan_loss_stops_naming_epoch_and_step(ray_address, tmp_path):
     assert files == ["epoch-001.weights.h5"]  # the last good checkpoint stays the newest
 
 
-def test_resume_continues_the_same_run_exactly_and_fresh_starts_anew(uninterrupted, tmp_path, capsys):
+def test_resume_continues_the_same_run_past_a_damaged_point_on_any_worker_count_and_fresh_starts_anew(
+    uninterrupted, tmp_path, capsys
+):
+    """3 epochs, then 5 on 4 workers (2, 2, 1, 1 streams: a count that does not divide the batch) from the
+    newest intact resume point: the uninterrupted 2-worker model, in the same MLflow run."""
     out = tmp_path / "out"
     store = f"sqlite:///{tmp_path}/mlflow.db"
     spec = dict(LSTM, name="fault-resume", mlflow={"tracking_uri": store})
-    first = rayparallel.train(spec, overrides=["train.epochs=3"], output_dir=out)
+    # keeps epoch ends 2 and 3 (num_to_keep 2) and points at steps 54 and 104 of epoch 3 (every 50 global steps)
+    first = rayparallel.train(spec, overrides=["train.epochs=3", "run.resume_every_n_steps=50"], output_dir=out)
     with pytest.raises(RayParallelError) as refused:  # a resume continues the recorded job: no other model
         rayparallel.train(spec, overrides=["train.epochs=5", "data.kwargs.windows=10"], output_dir=out, resume=True)
     assert str(refused.value).startswith(
         "--set data.kwargs.windows: expected only settings a resume may change (train.epochs, "
     )
-    resumed = rayparallel.train(
-        spec, overrides=["train.epochs=5"], output_dir=out, resume=True
-    )  # continues after epoch 3
+    recorded = json.loads((out / "run.json").read_text())
+    folders = Path(recorded["storage_path"]) / recorded["ray_run_name"]
+    (folders / "epoch-0003" / "state.npz").write_bytes(b"garbage, as a crash mid-write leaves it")
+    capsys.readouterr()
+    more = ["train.epochs=5", "scaling.num_workers=4", "scaling.resources_per_worker.CPU=0.5"]
+    resumed = rayparallel.train(dict(spec, name="renamed"), overrides=more, output_dir=out, resume=True)
     printed = capsys.readouterr().out
-    assert "resuming fault-resume-" in printed and "after epoch 3" in printed
+    assert "resuming the job recorded in" in printed and "differs in name" in printed  # the recorded job goes on
+    assert "skipped a damaged resume checkpoint, epoch-0003: state.npz does not match its checksum" in printed
+    assert "after epoch 2 and 104 steps of epoch 3" in printed and "Traceback" not in printed  # inside an epoch
+    ranks = sorted(resumed.workers, key=lambda w: w["rank"])
+    assert [w["batch_shape"] for w in ranks] == [[[b, 5, 2]] for b in (2, 2, 1, 1)]
     assert resumed.mlflow["run_id"] == first.mlflow["run_id"]
     assert len(resumed.history) == 5
     manifest = json.loads((out / "checkpoints" / "manifest.json").read_text())
     assert [c["epoch"] for c in manifest["checkpoints"]] == [1, 2, 3, 4, 5]  # the files before the resume too
     error = max_relative_error(weights_of(resumed), weights_of(uninterrupted))
-    print(f"resume 3 -> 5 epochs vs uninterrupted 5: max relative weight error {error:.2e}")
+    print(f"resume past a damaged point on 4 workers vs uninterrupted 2: max relative weight error {error:.2e}")
     assert error < 1e-5
+
+    for state in folders.glob("epoch-*/state.npz"):
+        state.write_bytes(b"")
+    with pytest.raises(RayParallelError) as info:
+        rayparallel.train(spec, output_dir=out, resume=True, verbose=False)
+    assert str(info.value).startswith("--resume: expected an intact resume checkpoint of run 'fault-resume-")
+    assert "received none (epoch-0005: state.npz does not match its checksum" in str(info.value)
+
     fresh = rayparallel.train(spec, overrides=["train.epochs=1"], output_dir=out, resume=False)
     printed = capsys.readouterr().out
     assert "(fresh)" in printed and fresh.mlflow["run_id"] != first.mlflow["run_id"]
@@ -346,34 +366,3 @@ def test_a_dataset_function_that_blocks_is_said_before_any_worker_starts(ray_add
         "(Ray Data may be waiting for CPUs beside the workers, or the function blocks)"
     ), "".join(seen)[-3000:]
     assert cli.returncode == 130 and "Traceback" not in rest, rest[-2000:]
-
-
-def test_damaged_resume_state_falls_back_to_the_newest_intact_checkpoint_on_any_worker_count(
-    uninterrupted, tmp_path, capsys
-):
-    out = tmp_path / "out"
-    spec = dict(LSTM, name="fault-damaged")
-    # keeps epoch ends 2 and 3 (num_to_keep 2) and points at steps 54 and 104 of epoch 3 (every 50 global steps)
-    rayparallel.train(spec, overrides=["train.epochs=3", "run.resume_every_n_steps=50"], output_dir=out, verbose=False)
-    recorded = json.loads((out / "run.json").read_text())
-    folders = Path(recorded["storage_path"]) / recorded["ray_run_name"]
-    (folders / "epoch-0003" / "state.npz").write_bytes(b"garbage, as a crash mid-write leaves it")
-    # and on another worker count that does not divide the batch (2, 2, 1, 1 streams): the same model
-    more = ["train.epochs=5", "scaling.num_workers=4", "scaling.resources_per_worker.CPU=0.5"]
-    resumed = rayparallel.train(dict(spec, name="renamed"), overrides=more, output_dir=out, resume=True)
-    printed = capsys.readouterr().out
-    assert "resuming the job recorded in" in printed and "differs in name" in printed  # the recorded job goes on
-    ranks = sorted(resumed.workers, key=lambda w: w["rank"])
-    assert [w["batch_shape"] for w in ranks] == [[[b, 5, 2]] for b in (2, 2, 1, 1)]
-    assert "skipped a damaged resume checkpoint, epoch-0003: state.npz does not match its checksum" in printed
-    assert "after epoch 2 and 104 steps of epoch 3" in printed and "Traceback" not in printed  # inside an epoch
-    error = max_relative_error(weights_of(resumed), weights_of(uninterrupted))
-    print(f"resume past a damaged checkpoint on 4 workers vs uninterrupted 2: max relative weight error {error:.2e}")
-    assert error < 1e-5
-
-    for state in folders.glob("epoch-*/state.npz"):
-        state.write_bytes(b"")
-    with pytest.raises(RayParallelError) as info:
-        rayparallel.train(spec, output_dir=out, resume=True, verbose=False)
-    assert str(info.value).startswith("--resume: expected an intact resume checkpoint of run 'fault-damaged-")
-    assert "received none (epoch-0005: state.npz does not match its checksum" in str(info.value)

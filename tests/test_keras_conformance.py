@@ -39,7 +39,7 @@ CASES = [
         "padded_tags",
         "Keras' loss applies the mask; its divisor, the count of unmasked tokens, is summed over the workers "
         "(3 workers: uneven rows and uneven padding)",
-        workers=(1, 3),
+        workers=(3,),
     ),
     Case(
         "`Masking` layer and per-token `sample_weight` of shape (rows, timesteps)",

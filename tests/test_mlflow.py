@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 
@@ -13,7 +12,7 @@ import pytest
 import rayparallel
 from tests.models import lstm_job
 
-from .helpers import REPO, MlflowServer, cli
+from .helpers import MlflowServer
 
 pytestmark = pytest.mark.slow
 
@@ -124,22 +123,14 @@ def test_server_down_mid_run_training_completes_and_says_what_was_not_logged(ray
     assert f"the records are in {tmp_path / 'out' / 'mlflow_unlogged.json'}" in out
 
 
-def test_embedded_default_is_the_local_sqlite_store(ray_address, tmp_path):
+def test_embedded_default_is_the_local_sqlite_store(default_job_runs):
+    """README's quick start: no tracking URI anywhere, the run is in `./mlflow.db` of the folder it ran in."""
     from mlflow.tracking import MlflowClient
 
-    shutil.copytree(REPO / "jobs", tmp_path / "jobs")
-    run = cli(
-        "train",
-        "jobs/stateful_lstm.yaml",
-        "--set",
-        "train.epochs=1",
-        cwd=tmp_path,
-        env={"RAY_ADDRESS": ray_address, "MLFLOW_TRACKING_URI": ""},
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    store = f"sqlite:///{tmp_path}/mlflow.db"
-    assert f"browse: mlflow ui --backend-store-uri {store}" in run.stdout
+    store = f"sqlite:///{default_job_runs.cwd}/mlflow.db"
+    assert f"browse: mlflow ui --backend-store-uri {store}" in default_job_runs.stdout[2]
     client = MlflowClient(store)
     runs = client.search_runs([client.get_experiment_by_name("stateful-lstm-co2").experiment_id])
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
-    assert "val_loss" in runs[0].data.metrics
+    assert runs[0].info.run_id == default_job_runs.results[2]["mlflow"]["run_id"]
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "val_loss")] == [1, 2, 3]

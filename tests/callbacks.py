@@ -32,3 +32,25 @@ def halve_then_explode(epoch: int, learning_rate: float) -> float:
 
 class NotACallback:
     pass
+
+
+class StopAfterRegrowing(keras.callbacks.Callback):
+    """Ends the run `epochs` epochs into a worker group of `workers` that started after epoch 1 (an
+    elastic run that grew back): what the elastic test needs to see, without the epochs after it."""
+
+    rayparallel_all_ranks = True
+
+    def __init__(self, workers: int, epochs: int):
+        super().__init__()
+        self.workers, self.epochs, self.first = workers, epochs, None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.first is None:
+            self.first = epoch  # Keras counts from 0: a group that resumed starts later
+
+    def on_epoch_end(self, epoch, logs=None):
+        import ray.train
+
+        regrown = self.first > 0 and ray.train.get_context().get_world_size() == self.workers
+        if regrown and epoch + 1 - self.first >= self.epochs:
+            self.model.stop_training = True

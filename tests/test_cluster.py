@@ -300,11 +300,12 @@ def test_a_ray_data_job_whose_workers_take_every_cpu_is_refused_before_training(
 def elastic_job(tmp_path, name: str, workers: int | dict) -> Path:
     """The stateful LSTM with one worker per node (a `slot` each), resume points every 20 steps.
 
-    Long enough on 1 worker (about 45 s) for a node that joins after the shrink to be seen:
-    Ray Train sees a joined node within about 25 s (its resource coordinator looks every 20 s,
-    the elastic monitor here every 2 s). Many short epochs fill that time with few steps:
-    float32 sums in another order drift apart with every step (30 epochs of 598 steps ended
-    1.9e-5 apart, past the 1e-5 the test asks).
+    Up to 140 short epochs, long enough on 1 worker for a node that joins after the shrink to be
+    seen (Ray Train sees a joined node within about 25 s: its resource coordinator looks every
+    20 s, the elastic monitor here every 2 s); a callback ends the run 3 epochs into the group
+    that grew back. Many short epochs fill that time with few steps: float32 sums in another
+    order drift apart with every step (30 epochs of 598 steps ended 1.9e-5 apart, past the 1e-5
+    the test asks).
     """
     spec = lstm_job(
         name,
@@ -314,12 +315,19 @@ def elastic_job(tmp_path, name: str, workers: int | dict) -> Path:
         "run.resume_every_n_steps=20",
         "failure.max_failures=3",
     )
+    spec["train"]["callbacks"] = [
+        {"class": "tests.callbacks:StopAfterRegrowing", "kwargs": {"workers": 2, "epochs": 3}}
+    ]
     spec["scaling"] = {
         "num_workers": workers,
         "resources_per_worker": {"CPU": 1, "slot": 1},
         "elastic_resize_monitor_interval_s": 2,
     }
-    spec["mlflow"] = {"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": name}
+    spec["mlflow"] = {
+        "tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
+        "experiment": name,
+        "system_metrics_interval_s": 2,
+    }
     job = tmp_path / f"{name}.yaml"
     job.write_text(yaml.safe_dump(spec))
     return job
@@ -364,15 +372,14 @@ def _seen(when: str, out: Path, log) -> bool:
 
 def test_elastic_run_shrinks_when_a_node_is_lost_and_grows_when_one_joins(cluster, tmp_path):
     """One elastic run: the second node is lost inside epoch 2 (2 -> 1 workers), then a node joins
-    (1 -> 2); it ends with the weights of plain Keras `fit` in this process (the same streams,
-    seed and settings on one device)."""
+    (1 -> 2), 3 epochs later the run stops; it ends with the weights of plain Keras `fit` in this
+    process for as many epochs (the same streams, seed and settings on one device)."""
     from mlflow.tracking import MlflowClient
 
     from tests.models import stateful_lstm
 
     second = cluster.started[1]
     job = elastic_job(tmp_path, "elastic", {"min": 1, "max": 2})
-    reference = keras_fit_streams(yaml.safe_load(job.read_text()))[0].get_weights()
     lose = ("epoch-0001-step-*", lambda: cluster.lose(second))
     rejoin = ("resized 2 -> 1 workers", cluster.add)  # once the run goes on without it
     result, output, (lost_at, joined_at) = submit_and_watch(cluster, job, tmp_path / "elastic", lose, rejoin)
@@ -382,12 +389,19 @@ def test_elastic_run_shrinks_when_a_node_is_lost_and_grows_when_one_joins(cluste
     assert 0 < shrink["step"] < 38  # inside the epoch: from a resume point, not the epoch's start
     assert (grow["from"], grow["to"]) == (1, 2) and grow["epoch"] > shrink["epoch"], result["resizes"]
     assert len(result["workers"]) == 2 and len({w["node_id"] for w in result["workers"]}) == 2
+    epochs = len(result["history"])
+    assert epochs == grow["epoch"] + 2 and result["stopped"], (epochs, grow, result["stopped"])  # G, G+1, G+2
+    spec = yaml.safe_load(job.read_text())
+    spec["train"]["epochs"] = epochs
+    reference = keras_fit_streams(spec)[0].get_weights()
     error = max_relative_error(final_weights(result["final_weights"], stateful_lstm), reference)
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("elastic").experiment_id])
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
-    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "val_loss")] == list(range(1, 141))
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "val_loss")] == list(range(1, epochs + 1))
     assert [m.value for m in client.get_metric_history(runs[0].info.run_id, "num_workers")] == [2, 1, 2]
+    sampled = {key.split("/")[1] for key in runs[0].data.metrics if key.endswith("/cpu_utilization_percentage")}
+    assert sampled >= {w["node_id"][:8] for w in result["workers"]}  # the System Metrics of every node that trained
     print(
         f"elastic: lost a node at epoch 2 -> 1 worker, {shrink['first_step_at'] - lost_at:.1f} s from the node "
         f"loss to the first step of the new group; a node joined -> 2 workers at epoch {grow['epoch']}, "

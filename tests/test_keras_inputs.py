@@ -86,7 +86,7 @@ def test_a_stateful_lstm_fed_by_timeseries_dataset_from_array_trains_fits_model(
     batches = list(datasets["x_train"].as_numpy_iterator())
     assert np.array_equal(np.concatenate([x for x, _ in batches]), arrays["x_train"])  # row i: stream i
     spec = lstm_job("timeseries", "data.loader=tests.models:timeseries_streams", "train.epochs=3")
-    model, history = keras_fit_streams(spec)
+    model, history = keras_fit_streams(lstm_job("arrays", "train.epochs=3"))  # fit on sine_streams' arrays
     result = rayparallel.train(spec, overrides=["scaling.num_workers=2"], output_dir=tmp_path / "out", verbose=False)
     error = max_relative_error(final_weights(result.final_weights, stateful_lstm), model.get_weights())
     print(f"timeseries_dataset_from_array streams, 2 workers vs Keras fit: {error:.2e}")

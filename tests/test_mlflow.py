@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -22,7 +25,6 @@ LSTM = lstm_job("mlflow-lstm", "train.epochs=3", "train.progress_every_n_steps=2
 def test_run_is_complete_in_a_real_server_and_leaks_no_credential(
     ray_address, mlflow_server, tmp_path, capsys, monkeypatch
 ):
-    import mlflow
     from mlflow.tracking import MlflowClient
 
     password = "s3cret-pw"  # the server has no auth and ignores it; it must appear nowhere we write
@@ -33,8 +35,11 @@ def test_run_is_complete_in_a_real_server_and_leaks_no_credential(
             "experiment": "rp-tests",
             "register_model": "rp-lstm",
             "log_step_loss": True,
+            "log_checkpoints": True,
+            "system_metrics_interval_s": 1,
             "tags": {"team": "tests", "api_token": f"tok-{password}"},
         },
+        checkpoint={"keep": 1},  # the best by val_loss and the newest
     )
     result = rayparallel.train(spec, output_dir=tmp_path / "out", verbose=True)
     console = capsys.readouterr()
@@ -67,6 +72,10 @@ def test_run_is_complete_in_a_real_server_and_leaks_no_credential(
         assert [m.step for m in history] == [1, 2, 3]
         assert np.allclose([m.value for m in history], [h[key] for h in result.history], rtol=1e-6)
     assert len(client.get_metric_history(run.info.run_id, "step_loss")) >= 3
+    (node,) = {w["node_id"][:8] for w in result.workers}  # the System Metrics tab: one sampler for the node
+    sampled = client.get_metric_history(run.info.run_id, f"system/{node}/cpu_utilization_percentage")
+    assert len(sampled) >= 2 and [m.step for m in sampled] == list(range(len(sampled)))
+    assert run.data.metrics[f"system/{node}/rayparallel_workers_memory_megabytes"] > 100  # two TF processes
     top = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"job.yaml", "result.json", "checkpoints"} <= top
     ckpts = {a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")}
@@ -77,20 +86,56 @@ def test_run_is_complete_in_a_real_server_and_leaks_no_credential(
     assert [(t.key, t.value) for t in trained_on.tags] == [("mlflow.data.context", "training")]
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)  # for models:/ below
-    model_id = run.outputs.model_outputs[0].model_id
-    model = mlflow.keras.load_model(f"models:/{model_id}")
+    check_logged_models(client, run, result, tmp_path / "out" / "checkpoints")
+
+
+def check_logged_models(client, run, result, folder):
+    """The final model as `model`; each kept weight file a logged model at its epoch with that epoch's
+    figures, a dropped file's model gone; the best file registered, `@champion` serving from a new process."""
+    import mlflow
+
+    from rayparallel.tracking.mlflow_run import CHECKPOINT_TAG
+
+    models = client.search_logged_models([run.info.experiment_id], filter_string=f"source_run_id = '{run.info.run_id}'")
+    steps = {output.model_id: output.step for output in run.outputs.model_outputs}
+    (final,) = [m for m in models if m.name == "model"]
+    checkpoints = {m.tags[CHECKPOINT_TAG]: m for m in models if CHECKPOINT_TAG in m.tags}
+    kept = sorted(p.name for p in folder.glob("epoch-*.weights.h5"))
+    assert sorted(checkpoints) == kept and len(kept) < 3, (sorted(checkpoints), kept)  # one dropped at least
+    for file, logged in checkpoints.items():
+        epoch = int(file.removeprefix("epoch-")[:3])
+        assert steps[logged.model_id] == epoch and logged.name == file.removesuffix(".weights.h5")
+        linked = {metric.key: metric.value for metric in logged.metrics}
+        assert linked["val_loss"] == pytest.approx(result.history[epoch - 1]["val_loss"]), (file, linked)
+    for key in ("loss", "val_loss"):  # linking added no second point at a step
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == [1, 2, 3]
+
+    model = mlflow.keras.load_model(f"models:/{final.model_id}")
     assert model.inputs[0].shape[0] == 1  # rebuilt at mlflow.model_batch_size
     assert model.predict_on_batch(np.zeros((1, 5, 2), "float32")).shape == (1, 5, 1)
-    signature = mlflow.models.get_model_info(f"models:/{model_id}").signature  # what serving says it takes
+    signature = mlflow.models.get_model_info(f"models:/{final.model_id}").signature  # what serving says it takes
     assert signature.inputs.to_dict() == [{"type": "tensor", "tensor-spec": {"dtype": "float32", "shape": (-1, 5, 2)}}]
-    versions = client.search_model_versions("name='rp-lstm'")
-    assert len(versions) == 1 and versions[0].run_id == run.info.run_id
+
+    best = json.loads((folder / "manifest.json").read_text())["best"]
+    (version,) = client.search_model_versions("name='rp-lstm'")
+    assert version.run_id == run.info.run_id and version.model_id == checkpoints[best].model_id
+    assert client.get_model_version_by_alias("rp-lstm", "champion").version == version.version
+    served = subprocess.run(  # a fresh process, as a deployment loads it
+        [sys.executable, "-c", SERVE], capture_output=True, text=True, timeout=300, env=dict(os.environ)
+    )
+    assert served.returncode == 0 and served.stdout.strip().endswith("(1, 5, 1)"), served.stderr[-2000:]
+
+
+SERVE = """import mlflow, numpy as np
+model = mlflow.pyfunc.load_model("models:/rp-lstm@champion")
+print(np.asarray(model.predict(np.zeros((1, 5, 2), "float32"))).shape)"""
 
 
 def test_server_down_mid_run_training_completes_and_says_what_was_not_logged(ray_address, tmp_path, capsys):
     (tmp_path / "srv").mkdir()
     server = MlflowServer(tmp_path / "srv")
-    spec = dict(LSTM, mlflow={"tracking_uri": server.uri, "experiment": "rp-down", "flush_timeout_s": 3})
+    settings = {"experiment": "rp-down", "flush_timeout_s": 3, "log_checkpoints": True, "system_metrics_interval_s": 1}
+    spec = dict(LSTM, mlflow={"tracking_uri": server.uri, **settings})
 
     def stop_when_run_exists():
         from mlflow.tracking import MlflowClient
@@ -121,6 +166,10 @@ def test_server_down_mid_run_training_completes_and_says_what_was_not_logged(ray
     assert f"({unlogged['last_error']})" in out  # the console says why, once
     assert {"num_workers": 2.0} in [r["metrics"] for r in metrics if r["step"] == 0]  # the worker count at start
     assert f"the records are in {tmp_path / 'out' / 'mlflow_unlogged.json'}" in out
+    assert [r["file"] for r in unlogged["records"] if r["kind"] == "checkpoint"] == [
+        f"epoch-{epoch:03d}.weights.h5" for epoch in (1, 2, 3)
+    ]  # each a logged model when the server is back: kept, not lost
+    assert any(key.startswith("system/") for r in metrics for key in r["metrics"])  # the samples too
 
 
 def test_embedded_default_is_the_local_sqlite_store(default_job_runs):

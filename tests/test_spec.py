@@ -148,6 +148,8 @@ def test_overrides_are_yaml_typed_and_dotted():
             "name: expected letters, digits, '.', '_' or '-' (it names the output folder and the Ray run), "
             "received 'my run/1'",
         ),
+        (BASE, ["mlflow.register_alias=v2"], "mlflow.register_alias: expected letters, digits, '_' or '-', not"),
+        (BASE, ["mlflow.register_alias=best model"], "mlflow.register_alias: expected letters, digits, '_' or '-'"),
     ],
 )
 def test_bad_specs_name_key_expected_and_received(raw, overrides, message):

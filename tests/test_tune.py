@@ -86,6 +86,7 @@ def test_asha_sweep_one_parent_run_a_child_per_trial_best_exported(ray_address, 
         assert child.data.tags.get("rayparallel.best_trial") == ("true" if row is best else None)
     versions = client.search_model_versions("name='rp-tune-best'")
     assert [v.run_id for v in versions] == [parent.info.run_id]  # only the parent registers, once
+    assert client.get_model_version_by_alias("rp-tune-best", "champion").version == versions[0].version
 
     model = rayparallel.load_model(best["final_weights"], batch_size=1)
     prediction = model.predict(np.zeros((1, 5, 2), "float32"), verbose=0)

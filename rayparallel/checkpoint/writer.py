@@ -44,15 +44,15 @@ class CheckpointWriter:
         self._model_lock = threading.Lock()
         self._recipe: dict | None = None
 
-    def save(self, weights: list[np.ndarray], saved: Saved) -> Path:
-        """Write `saved.file`, then delete what `keep` no longer keeps; returns the file."""
+    def save(self, weights: list[np.ndarray], saved: Saved) -> tuple[Path, list[str]]:
+        """Write `saved.file`, then delete what `keep` no longer keeps; returns the file and those deleted."""
         path = self.folder / saved.file
         self.write(weights, path)
-        for dropped in self.retention.record(saved):
-            if dropped.file != saved.file:
-                (self.folder / dropped.file).unlink(missing_ok=True)
+        deleted = [dropped.file for dropped in self.retention.record(saved) if dropped.file != saved.file]
+        for file in deleted:
+            (self.folder / file).unlink(missing_ok=True)
         self._write_manifest()
-        return path
+        return path, deleted
 
     def save_final(self, weights: list[np.ndarray], saved: Saved) -> Path:
         path = self.folder / saved.file
@@ -90,6 +90,15 @@ class CheckpointWriter:
         """The base model rebuilt at `batch_size` with the final weights (what MLflow logs)."""
         model = build_model(self.spec.model, batch_size)
         model.set_weights(self.final_weights)
+        return model
+
+    def model_of(self, file: str, batch_size: int) -> keras.Model | None:
+        """The base model rebuilt at `batch_size` with a weight file of the folder; None once it is deleted."""
+        path = self.folder / file
+        if not path.exists():
+            return None
+        model = build_model(self.spec.model, batch_size)
+        model.load_weights(str(path))
         return model
 
     def base_model(self) -> keras.Model:

@@ -129,6 +129,15 @@ class RunRecorder:
             self._data_warnings.add(key)
             self._warn(text)
 
+    def system_metrics(self, node: str, figures: dict, step: int, at: float) -> None:
+        """A sample of a node's system metrics (`worker.system_metrics.NodeSampler`), for the MLflow run."""
+        if self._mlflow:
+            self._mlflow.system(node, figures, step, at)
+
+    def worker_pids(self, node_id: str) -> list[int]:
+        """The processes of the registered workers on a node (what its sampler adds up)."""
+        return [w["pid"] for w in self._registry.workers() if w["node_id"] == node_id]
+
     def failure(self) -> str | None:
         return self._registry.failure
 
@@ -181,7 +190,7 @@ class RunRecorder:
         """The epoch's weight file; one that cannot be written (a full disk) is a warning and the
         run goes on: the earlier files and the manifest stay as they were, the next save tries again."""
         try:
-            path = self._writer.save(weights, saved)
+            path, deleted = self._writer.save(weights, saved)
         except WriteError as exc:
             self._warn(f"epoch {saved.epoch}: {saved.file} not saved: {exc}; {free_space(self._writer.folder)}")
             if self._mlflow:
@@ -189,6 +198,8 @@ class RunRecorder:
             return None
         self._events.add(CheckpointWritten(saved.epoch, str(path)))
         self._log_files(path)
+        if self._mlflow:
+            self._mlflow.checkpoint(saved, deleted, self._writer.model_of)
         return str(path)
 
     @ray.method(concurrency_group="io")
@@ -231,7 +242,8 @@ class RunRecorder:
         if not self._mlflow:
             return None
         final_model = self._writer.final_model if self._writer.final_weights is not None else None
-        return self._mlflow.finish(status, files, self._stops.stopped, final_model)
+        best = self._writer.retention.best_entry()
+        return self._mlflow.finish(status, files, self._stops.stopped, final_model, best, self._writer.model_of)
 
     def ping(self) -> bool:
         return True

@@ -39,8 +39,14 @@ _POSITIVE = {
     "tune.max_concurrent",
     "tune.grace_period",
 }
-_NON_NEGATIVE = {"train.progress_every_n_steps", "failure.max_failures", "run.stall_warning_s"}
+_NON_NEGATIVE = {
+    "train.progress_every_n_steps",
+    "failure.max_failures",
+    "run.stall_warning_s",
+    "mlflow.system_metrics_interval_s",
+}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_ALIAS = re.compile(r"[A-Za-z0-9_-]{1,255}")
 
 
 class _Loader(yaml.SafeLoader):
@@ -209,6 +215,12 @@ def _check_values(spec: JobSpec) -> None:
         raise SpecError(
             "name: expected letters, digits, '.', '_' or '-' (it names the output folder and the Ray run), "
             f"received {spec.name!r}"
+        )
+    alias = spec.mlflow.register_alias
+    if alias is not None and (not _ALIAS.fullmatch(str(alias)) or re.fullmatch(r"(?i)latest|v\d+", str(alias))):
+        raise SpecError(
+            "mlflow.register_alias: expected letters, digits, '_' or '-', not 'latest' or v<number> (MLflow's rule "
+            f"for aliases) or null, received {alias!r}"
         )
     _check_workers(spec)
     _check_data(spec)

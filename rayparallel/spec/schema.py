@@ -213,9 +213,12 @@ class MlflowSpec:
     experiment: str | None = None
     run_name: str | None = None
     tags: dict = field(default_factory=dict)
-    register_model: str | None = None
-    model_batch_size: int = 1  # the logged model is rebuilt with this batch (1: streaming)
+    register_model: str | None = None  # the best checkpoint by checkpoint.monitor is registered under this name
+    register_alias: str | None = "champion"  # ... and this alias points at that version (models:/NAME@champion)
+    log_checkpoints: bool = False  # each kept weight file a logged model of the run (its Models tab), step = epoch
+    model_batch_size: int = 1  # the logged models are rebuilt with this batch (1: streaming)
     log_step_loss: bool = False  # also log the running train loss at each progress update
+    system_metrics_interval_s: float = 10.0  # each node's CPU, memory, disk, network, GPUs; 0: off
     flush_timeout_s: float = 60.0  # at the end, how long to keep retrying an unreachable server
 
 

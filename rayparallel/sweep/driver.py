@@ -271,7 +271,8 @@ def _conclude(
     if parent:
         if best:
             parent.log_best(best.trial.id, best.mlflow_run_id, best.history)
-            parent.log_model(lambda: _best_model(best, job.mlflow.model_batch_size), job.mlflow.register_model)
+            build = lambda: _best_model(best, job.mlflow.model_batch_size)  # noqa: E731
+            parent.log_model(build, job.mlflow.register_model, job.mlflow.register_alias)
         parent.end_orphans({o.mlflow_run_id for o in outcomes if o.mlflow_run_id})
         parent.log_artifact(str(table))
         parent.log_artifact(str(output_dir / PLAN_FILE))
@@ -291,6 +292,7 @@ def _conclude(
 
 
 def _best_model(best: TrialOutcome, batch_size: int):
+    """The best trial's best checkpoint by the monitor (its folder's manifest says which), as registered."""
     from ..checkpoint.export import load_model
 
-    return load_model(best.final_weights, batch_size)
+    return load_model(Path(best.final_weights).parent, batch_size)

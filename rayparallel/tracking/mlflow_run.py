@@ -84,23 +84,57 @@ def open_run(
     return created, client.create_run(created, run_name=run_name, start_time=start_time).info.run_id
 
 
-def log_keras_model(tracking_uri: str, run_id: str, model: Any, registered_model_name: str | None) -> None:
-    """`model` as the run's `model` artifact through `mlflow.keras`, registered under the name if given."""
+def log_keras_model(
+    tracking_uri: str,
+    run_id: str,
+    model: Any,
+    *,
+    name: str = "model",
+    step: int = 0,
+    tags: dict | None = None,
+    registered_model_name: str | None = None,
+    alias: str | None = None,
+) -> str:
+    """`model` as a logged model of the run (MLflow 3: the run's Models tab) through the Keras flavor;
+    returns its id. MLflow links the run's figures at `step` to it. Registered under the name if given,
+    that version pointed at by `alias`. No fluent run is started: that would end the run when it closes."""
     import keras
     import mlflow
     import mlflow.keras
     import tensorflow as tf
+    from mlflow.models import Model
 
     mlflow.set_tracking_uri(tracking_uri)
     requirements = [f"tensorflow=={tf.__version__}", f"keras=={keras.__version__}"]  # no slow inference
-    with mlflow.start_run(run_id=run_id, log_system_metrics=False):
-        mlflow.keras.log_model(
-            model,
-            name="model",
-            registered_model_name=registered_model_name,
-            pip_requirements=requirements,
-            signature=keras_signature(model),
-        )
+    info = Model.log(
+        name=name,
+        flavor=mlflow.keras,
+        run_id=run_id,
+        model=model,
+        registered_model_name=registered_model_name,
+        pip_requirements=requirements,
+        signature=keras_signature(model),
+        step=step,
+        tags=tags,
+    )
+    if registered_model_name and alias:
+        version = info.registered_model_version
+        mlflow_client(tracking_uri).set_registered_model_alias(registered_model_name, alias, str(version))
+    return info.model_id
+
+
+def checkpoint_models(client: Any, experiment_id: str, run_id: str, file: str) -> list[Any]:
+    """The run's logged models of one weight file (tagged with its name when logged)."""
+    found = client.search_logged_models(
+        [experiment_id], filter_string=f"source_run_id = '{run_id}' AND tags.`{CHECKPOINT_TAG}` = '{file}'"
+    )
+    return list(found)
+
+
+# The tag that names a checkpoint's weight file on its logged model
+CHECKPOINT_TAG = "rayparallel.checkpoint"
+# MLflow's prefix of system metrics (`system/<node>/<name>` for each node of a multi-node run)
+SYSTEM_PREFIX = "system/"
 
 
 def keras_signature(model: Any) -> Any:
@@ -217,15 +251,40 @@ class MlflowRun:
     def set_tags(self, tags: dict) -> None:
         self._put("tags", {"tags": {k: str(v) for k, v in tags.items()}})
 
-    def log_metrics(self, metrics: dict, step: int) -> None:
+    def log_metrics(self, metrics: dict, step: int, at: float | None = None) -> None:
+        """`at`: the unix time the figures were taken (default now)."""
         values = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
-        self._put("metrics", {"metrics": values, "step": step, "timestamp": int(time.time() * 1000)})
+        self._put("metrics", {"metrics": values, "step": step, "timestamp": int((at or time.time()) * 1000)})
 
     def log_artifact(self, path: str, artifact_path: str | None = None) -> None:
         self._put("artifact", {"path": path, "artifact_path": artifact_path})
 
-    def log_model(self, build: Callable[[], Any], registered_model_name: str | None) -> None:
-        self._put("model", {"build": build, "registered_model_name": registered_model_name})
+    def log_model(
+        self,
+        build: Callable[[], Any],
+        *,
+        name: str = "model",
+        step: int = 0,
+        registered_model_name: str | None = None,
+        alias: str | None = None,
+    ) -> None:
+        """A model built at delivery (never on the caller's thread), logged and maybe registered."""
+        self._put(
+            "model", {"build": build, "name": name, "step": step, "register": registered_model_name, "alias": alias}
+        )
+
+    def log_checkpoint(self, file: str, build: Callable[[], Any] | None, step: int) -> None:
+        """The weight file `file` as a logged model (replacing one of the same file); `build` returns
+        None when the file is gone by then (`keep` dropped it)."""
+        self._put("checkpoint", {"file": file, "build": build, "step": step})
+
+    def drop_checkpoint(self, file: str) -> None:
+        """The weight file `file` was deleted: so is its logged model (the Models tab matches the folder)."""
+        self._put("checkpoint", {"file": file, "build": None, "step": 0})
+
+    def register_checkpoint(self, file: str, name: str, alias: str | None) -> None:
+        """The logged model of `file` registered as `name`, that version pointed at by `alias`."""
+        self._put("register", {"file": file, "name": name, "alias": alias})
 
     def release(self) -> None:
         """Deliver from now on. Until then (at most `HOLD_S`) the thread waits, so that MLflow's
@@ -327,7 +386,7 @@ class MlflowRun:
             metrics = [
                 Metric(k, v, payload["timestamp"], step)
                 for k, v in payload["metrics"].items()
-                if step > self._logged_steps.get(k, -1)
+                if step > self._logged_steps.get(k, -1) or k.startswith(SYSTEM_PREFIX)  # samples, never repeated
             ]
             if metrics:
                 client.log_batch(self.run_id, metrics=metrics)
@@ -336,9 +395,47 @@ class MlflowRun:
         elif kind == "artifact":
             client.log_artifact(self.run_id, payload["path"], payload["artifact_path"])
         elif kind == "model":
-            log_keras_model(self.tracking_uri, self.run_id, payload["build"](), payload["registered_model_name"])
+            model = payload["build"]()  # None: its weight file is gone
+            if model is None:
+                return
+            log_keras_model(
+                self.tracking_uri,
+                self.run_id,
+                model,
+                name=payload["name"],
+                step=payload["step"],
+                registered_model_name=payload["register"],
+                alias=payload["alias"],
+            )
+        elif kind == "checkpoint":
+            self._log_checkpoint(client, payload)
+        elif kind == "register":
+            self._register_checkpoint(client, payload)
         elif kind == "end":
             client.set_terminated(self.run_id, status=payload["status"])
+
+    def _log_checkpoint(self, client: Any, payload: dict) -> None:
+        file = payload["file"]
+        for earlier in checkpoint_models(client, self.experiment_id, self.run_id, file):  # rewritten or dropped
+            client.delete_logged_model(earlier.model_id)
+        model = payload["build"]() if payload["build"] else None
+        if model is not None:
+            name = file.removesuffix(".weights.h5").replace("/", "-")
+            tags = {CHECKPOINT_TAG: file}
+            log_keras_model(self.tracking_uri, self.run_id, model, name=name, step=payload["step"], tags=tags)
+
+    def _register_checkpoint(self, client: Any, payload: dict) -> None:
+        import mlflow
+
+        found = checkpoint_models(client, self.experiment_id, self.run_id, payload["file"])
+        if not found:
+            self._notify(f"MLflow: no logged model of {payload['file']} to register as {payload['name']}")
+            return
+        model = found[0]
+        mlflow.set_tracking_uri(self.tracking_uri)
+        version = mlflow.register_model(f"models:/{model.model_id}", payload["name"]).version
+        if payload["alias"]:
+            client.set_registered_model_alias(payload["name"], payload["alias"], str(version))
 
     def _save_unlogged(self, left: list) -> list[str]:
         records = [{"kind": kind, **{k: v for k, v in payload.items() if k != "build"}} for kind, payload in left]

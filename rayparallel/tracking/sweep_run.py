@@ -73,8 +73,9 @@ class SweepRun:
             self.client.set_tag(self.run_id, "rayparallel.best_run_id", child_run_id)
             self.client.set_tag(child_run_id, BEST_TAG, "true")
 
-    def log_model(self, build: Callable[[], keras.Model], registered_model_name: str | None) -> None:
-        log_keras_model(self.tracking_uri, self.run_id, build(), registered_model_name)
+    def log_model(self, build: Callable[[], keras.Model], registered_model_name: str | None, alias: str | None) -> None:
+        model = build()
+        log_keras_model(self.tracking_uri, self.run_id, model, registered_model_name=registered_model_name, alias=alias)
 
     def log_artifact(self, path: str) -> None:
         self.client.log_artifact(self.run_id, path)

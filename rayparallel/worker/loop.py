@@ -43,6 +43,7 @@ from .sync import (
     configure_threads,
     make_strategy,
 )
+from .system_metrics import NodeSampler
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -74,6 +75,7 @@ class WorkerRun:
         self._prepare_epochs(output_dir)
         self._restore()
         self._register()
+        self.sampler = self._sample_system_metrics(context.get_local_rank())
 
     def _start_strategy(self) -> None:
         """First of all TensorFlow: MultiWorkerMirroredStrategy must precede any other TF op."""
@@ -199,6 +201,24 @@ class WorkerRun:
             }
         )
 
+    def _sample_system_metrics(self, local_rank: int) -> NodeSampler | None:
+        """Last, once training is about to start: the node's first worker samples it for MLflow."""
+        import ray
+
+        interval = self.spec.mlflow.system_metrics_interval_s
+        if not (self.spec.mlflow.enabled and interval and local_rank == 0):
+            return None
+        actor, node_id = self.actor, ray.get_runtime_context().get_node_id()
+        node = node_id[:8]  # as the console's placement line names it
+
+        def send(figures: dict, step: int, at: float) -> None:
+            actor.system_metrics.remote(node, figures, step, at)
+
+        def worker_pids() -> list[int]:
+            return ray.get(actor.worker_pids.remote(node_id), timeout=5)
+
+        return NodeSampler(interval, send, worker_pids).start()
+
     def fit(self) -> None:
         try:
             self._fit()
@@ -207,6 +227,9 @@ class WorkerRun:
             if self.client is not None:  # hand over saves already made: they belong to good epochs
                 self.client.flush(raise_errors=False)
             raise
+        finally:
+            if self.sampler is not None:
+                self.sampler.stop()
 
     def _fit(self) -> None:
         import ray

@@ -1,0 +1,49 @@
+"""The node sampler behind MLflow's System Metrics tab (pure psutil: no Ray, no MLflow)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from rayparallel.worker.system_metrics import NodeSampler
+
+MLFLOW_NAMES = {  # mlflow.system_metrics.metrics: CPUMonitor, DiskMonitor, NetworkMonitor
+    "cpu_utilization_percentage",
+    "system_memory_usage_megabytes",
+    "system_memory_usage_percentage",
+    "disk_usage_percentage",
+    "disk_usage_megabytes",
+    "disk_available_megabytes",
+    "network_receive_megabytes",
+    "network_transmit_megabytes",
+}
+
+
+def test_samples_carry_mlflows_names_this_process_and_numbered_steps_until_stopped():
+    samples: list[tuple[dict, int, float]] = []
+    three = threading.Event()
+
+    def send(figures: dict, step: int, at: float) -> None:
+        samples.append((figures, step, at))
+        if len(samples) == 3:
+            three.set()
+
+    sampler = NodeSampler(0.05, send, lambda: [os.getpid()]).start()
+    busy_until = time.monotonic() + 0.3
+    while time.monotonic() < busy_until:  # this process works: its own CPU figure is above zero
+        sum(range(10_000))
+    assert three.wait(10)
+    sampler.stop()
+    time.sleep(0.2)
+    count = len(samples)
+    time.sleep(0.2)
+    assert len(samples) == count  # stopped: no more samples
+
+    figures, step, at = samples[0]
+    assert set(figures) >= MLFLOW_NAMES | {"rayparallel_workers_cpu_percentage", "rayparallel_workers_memory_megabytes"}
+    assert [s for _, s, _ in samples[:3]] == [0, 1, 2] and abs(at - time.time()) < 10
+    assert 0 < figures["system_memory_usage_percentage"] < 100 and figures["disk_available_megabytes"] > 0
+    assert figures["rayparallel_workers_memory_megabytes"] > 10  # this Python process's resident memory
+    assert max(f["rayparallel_workers_cpu_percentage"] for f, _, _ in samples) > 0
+    assert not [key for key in figures if key.startswith("gpu_")]  # no NVIDIA driver here: nothing said

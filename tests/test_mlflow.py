@@ -118,7 +118,7 @@ def check_logged_models(client, run, result, folder):
 
     best = json.loads((folder / "manifest.json").read_text())["best"]
     (version,) = client.search_model_versions("name='rp-lstm'")
-    assert version.run_id == run.info.run_id and version.model_id == checkpoints[best].model_id
+    assert version.run_id == run.info.run_id and version.source == f"models:/{checkpoints[best].model_id}"
     assert client.get_model_version_by_alias("rp-lstm", "champion").version == version.version
     served = subprocess.run(  # a fresh process, as a deployment loads it
         [sys.executable, "-c", SERVE], capture_output=True, text=True, timeout=300, env=dict(os.environ)

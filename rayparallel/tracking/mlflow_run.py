@@ -106,16 +106,25 @@ def log_keras_model(
 
     mlflow.set_tracking_uri(tracking_uri)
     requirements = [f"tensorflow=={tf.__version__}", f"keras=={keras.__version__}"]  # no slow inference
+    client = mlflow_client(tracking_uri)
+    run = client.get_run(run_id)
+    # created here, in the run's experiment and with its source (Model.log alone creates it in the active
+    # experiment of this process, which is not the run's without a fluent run, and names this process)
+    source = {key: value for key, value in run.data.tags.items() if key in SOURCE_TAGS}
+    created = client.create_logged_model(
+        run.info.experiment_id, name=name, source_run_id=run_id, tags={**source, **(tags or {})}, params=run.data.params
+    )
     info = Model.log(
+        artifact_path=None,
         name=name,
         flavor=mlflow.keras,
         run_id=run_id,
+        model_id=created.model_id,
         model=model,
         registered_model_name=registered_model_name,
         pip_requirements=requirements,
         signature=keras_signature(model),
         step=step,
-        tags=tags,
     )
     if registered_model_name and alias:
         version = info.registered_model_version
@@ -133,6 +142,8 @@ def checkpoint_models(client: Any, experiment_id: str, run_id: str, file: str) -
 
 # The tag that names a checkpoint's weight file on its logged model
 CHECKPOINT_TAG = "rayparallel.checkpoint"
+# What MLflow's UI shows as who ran it and from where, on the run and on each of its models
+SOURCE_TAGS = ("mlflow.source.name", "mlflow.source.type", "mlflow.user")
 # MLflow's prefix of system metrics (`system/<node>/<name>` for each node of a multi-node run)
 SYSTEM_PREFIX = "system/"
 
@@ -393,7 +404,8 @@ class MlflowRun:
         elif kind == "inputs":
             client.log_inputs(self.run_id, datasets=[_dataset_input(d) for d in payload["inputs"]])
         elif kind == "artifact":
-            client.log_artifact(self.run_id, payload["path"], payload["artifact_path"])
+            if os.path.exists(payload["path"]):  # else deleted since (`checkpoint.keep`): nothing to show
+                client.log_artifact(self.run_id, payload["path"], payload["artifact_path"])
         elif kind == "model":
             model = payload["build"]()  # None: its weight file is gone
             if model is None:

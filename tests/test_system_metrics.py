@@ -34,11 +34,14 @@ def test_samples_carry_mlflows_names_this_process_and_numbered_steps_until_stopp
     while time.monotonic() < busy_until:  # this process works: its own CPU figure is above zero
         sum(range(10_000))
     assert three.wait(10)
+    count = len(samples)
     sampler.stop()
+    assert len(samples) in (count + 1, count + 2)  # the last one at once (and one being sent)
     time.sleep(0.2)
     count = len(samples)
     time.sleep(0.2)
     assert len(samples) == count  # stopped: no more samples
+    assert [s for _, s, _ in samples] == list(range(count))
 
     figures, step, at = samples[0]
     assert set(figures) >= MLFLOW_NAMES | {"rayparallel_workers_cpu_percentage", "rayparallel_workers_memory_megabytes"}

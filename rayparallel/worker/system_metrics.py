@@ -67,7 +67,8 @@ def gpu_figures() -> dict[str, float]:
 
 
 class NodeSampler:
-    """Every `interval_s`, the node's figures to `send(figures, step, unix_time)`, until `stop`.
+    """Every `interval_s`, the node's figures to `send(figures, step, unix_time)`, and once more at
+    `stop` (a group shorter than the interval is on the tab too).
 
     `worker_pids()` names the run's worker processes on this node (asked each time: a resized
     group has others)."""
@@ -80,6 +81,8 @@ class NodeSampler:
     ):
         self.interval_s, self._send, self._worker_pids = interval_s, send, worker_pids
         self._stopped = threading.Event()
+        self._step = 0
+        self._lock = threading.Lock()  # the thread's samples and the last one, taken by `stop`, in turn
         self._processes: dict[int, psutil.Process] = {}
         network = psutil.net_io_counters()
         self._network_start = (network.bytes_recv, network.bytes_sent)
@@ -92,6 +95,7 @@ class NodeSampler:
 
     def stop(self) -> None:
         self._stopped.set()
+        self._send_sample()
 
     def sample(self) -> dict[str, float]:
         for pid in self._worker_pids():
@@ -107,10 +111,13 @@ class NodeSampler:
         return {key: round(value, 1) for key, value in figures.items()}
 
     def _run(self) -> None:
-        step = 0
         while not self._stopped.wait(self.interval_s):
+            self._send_sample()
+
+    def _send_sample(self) -> None:
+        with self._lock:
             try:
-                self._send(self.sample(), step, time.time())
+                self._send(self.sample(), self._step, time.time())
             except Exception:  # a sample lost (the recorder restarting): the next one comes anyway
                 pass
-            step += 1
+            self._step += 1

@@ -50,3 +50,11 @@ def test_samples_carry_mlflows_names_this_process_and_numbered_steps_until_stopp
     assert figures["rayparallel_workers_memory_megabytes"] > 10  # this Python process's resident memory
     assert max(f["rayparallel_workers_cpu_percentage"] for f, _, _ in samples) > 0
     assert not [key for key in figures if key.startswith("gpu_")]  # no NVIDIA driver here: nothing said
+
+
+def test_only_the_nodes_lowest_rank_sends():
+    samples: list = []
+    sampler = NodeSampler(0.02, lambda *sample: samples.append(sample), lambda: [1, os.getpid()]).start()
+    time.sleep(0.2)
+    sampler.stop()
+    assert samples == []  # pid 1 is the node's lowest rank here: it samples, this worker does not

@@ -135,8 +135,8 @@ class RunRecorder:
             self._mlflow.system(node, figures, step, at)
 
     def worker_pids(self, node_id: str) -> list[int]:
-        """The processes of the registered workers on a node (what its sampler adds up)."""
-        return [w["pid"] for w in self._registry.workers() if w["node_id"] == node_id]
+        """The processes of the registered workers on a node, lowest rank first (the one that samples it)."""
+        return [w["pid"] for w in self._registry.workers() if w["node_id"] == node_id]  # workers() by rank
 
     def failure(self) -> str | None:
         return self._registry.failure

@@ -75,7 +75,7 @@ class WorkerRun:
         self._prepare_epochs(output_dir)
         self._restore()
         self._register()
-        self.sampler = self._sample_system_metrics(context.get_local_rank())
+        self.sampler = self._sample_system_metrics()
 
     def _start_strategy(self) -> None:
         """First of all TensorFlow: MultiWorkerMirroredStrategy must precede any other TF op."""
@@ -201,12 +201,12 @@ class WorkerRun:
             }
         )
 
-    def _sample_system_metrics(self, local_rank: int) -> NodeSampler | None:
-        """Last, once training is about to start: the node's first worker samples it for MLflow."""
+    def _sample_system_metrics(self) -> NodeSampler | None:
+        """Last, once training is about to start: the node's lowest rank samples it for MLflow."""
         import ray
 
         interval = self.spec.mlflow.system_metrics_interval_s
-        if not (self.spec.mlflow.enabled and interval and local_rank == 0):
+        if not (self.spec.mlflow.enabled and interval):
             return None
         actor, node_id = self.actor, ray.get_runtime_context().get_node_id()
         node = node_id[:8]  # as the console's placement line names it

@@ -2,8 +2,9 @@
 
 MLflow's System Metrics tab shows `system/<node>/<name>` for each node of a multi-node run;
 MLflow samples only the process that started the run, which here is the recorder, on one
-node. So the first worker of each node (local rank 0) runs this sampler in a daemon
-thread and hands each sample to the recorder, whose queue to MLflow keeps it through an
+node. So every worker runs this sampler in a daemon thread, and the one of the lowest rank on
+its node (by Ray node id: Ray Train's local ranks go by IP address, which nodes may share)
+hands each sample to the recorder, whose queue to MLflow keeps it through an
 outage like every other figure. The names and units are MLflow's own
 (`mlflow.system_metrics.metrics`); `rayparallel_workers_*` adds the run's own worker
 processes on the node. GPUs are read through NVML (`nvidia-ml-py`); a node without an
@@ -12,6 +13,7 @@ NVIDIA driver has no GPU figures and says nothing about it.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -70,8 +72,8 @@ class NodeSampler:
     """Every `interval_s`, the node's figures to `send(figures, step, unix_time)`, and once more at
     `stop` (a group shorter than the interval is on the tab too).
 
-    `worker_pids()` names the run's worker processes on this node (asked each time: a resized
-    group has others)."""
+    `worker_pids()` names the run's worker processes on this node, lowest rank first (asked each
+    time: a resized group has others); only the first of them sends."""
 
     def __init__(
         self,
@@ -97,8 +99,8 @@ class NodeSampler:
         self._stopped.set()
         self._send_sample()
 
-    def sample(self) -> dict[str, float]:
-        for pid in self._worker_pids():
+    def sample(self, pids: list[int]) -> dict[str, float]:
+        for pid in pids:
             if pid not in self._processes:
                 try:
                     self._processes[pid] = psutil.Process(pid)
@@ -117,7 +119,10 @@ class NodeSampler:
     def _send_sample(self) -> None:
         with self._lock:
             try:
-                self._send(self.sample(), self._step, time.time())
+                pids = self._worker_pids()
+                if pids[:1] != [os.getpid()]:  # another worker samples this node (or none is registered yet)
+                    return
+                self._send(self.sample(pids), self._step, time.time())
             except Exception:  # a sample lost (the recorder restarting): the next one comes anyway
                 pass
             self._step += 1

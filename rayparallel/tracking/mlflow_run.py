@@ -128,7 +128,7 @@ def log_keras_model(
     )
     if registered_model_name and alias:
         version = info.registered_model_version
-        mlflow_client(tracking_uri).set_registered_model_alias(registered_model_name, alias, str(version))
+        client.set_registered_model_alias(registered_model_name, alias, str(version))
     return info.model_id
 
 

@@ -1,6 +1,9 @@
 """How long rank 0 is blocked per checkpoint: the recorder actor against a synchronous save.
 
-Run: python -m benchmarks.checkpoint_stall [--repeats 5]
+Run: python -m benchmarks.checkpoint_stall [--repeats 5] [--log-checkpoints]
+
+`--log-checkpoints` records the run in a temporary MLflow store with `mlflow.log_checkpoints:
+true`, so the recorder also logs every file as an MLflow logged model: the stall must not grow.
 
 Blocked time for the actor path = what the training loop itself does per checkpoint: a
 snapshot of the weights (`worker.resume.snapshot`) and `CheckpointClient.save`, which
@@ -19,7 +22,7 @@ import time
 from pathlib import Path
 
 
-def measure(repeats: int = 5, full_save: bool = False) -> dict:
+def measure(repeats: int = 5, full_save: bool = False, log_checkpoints: bool = False) -> dict:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import ray
 
@@ -32,19 +35,22 @@ def measure(repeats: int = 5, full_save: bool = False) -> dict:
 
     model = dense_50m()
     params = model.count_params()
-    spec = load_spec(
-        {
-            "name": "bench",
-            "model": {"builder": "benchmarks.models:dense_50m"},
-            "data": {"loader": "benchmarks.models:none"},
-            "train": {"global_batch_size": 1},
-        }
-    )
     folder = Path(tempfile.mkdtemp(prefix="rayparallel-bench-"))
+    job = {
+        "name": "bench",
+        "model": {"builder": "benchmarks.models:dense_50m"},
+        "data": {"loader": "benchmarks.models:none"},
+        "train": {"global_batch_size": 1},
+    }
+    if log_checkpoints:
+        job["mlflow"] = {"tracking_uri": f"sqlite:///{folder}/mlflow.db", "log_checkpoints": True}
+    spec = load_spec(job)
     started_ray = not ray.is_initialized()
     if started_ray:
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    actor = RecorderActor.remote(spec, str(folder / "actor"), [os.getcwd()], str(folder / "recorder.json"))
+    tracking = _tracking(folder) if log_checkpoints else None
+    actor = RecorderActor.remote(spec, str(folder / "actor"), [os.getcwd()], str(folder / "recorder.json"), tracking)
+    actor.mark_phase.remote("first_step_done", time.time())  # the MLflow run is created now
     client = CheckpointClient(actor)
     client.save(model.get_weights(), Saved("warm-up.weights.h5", 0, 0, {}))  # warm-up: the actor builds its model once
     client.flush()
@@ -55,6 +61,7 @@ def measure(repeats: int = 5, full_save: bool = False) -> dict:
         model.save_weights(str(folder / f"sync-{i}.weights.h5"))
         sync.append(time.perf_counter() - t)
 
+        actor.end_epoch.remote(i, {"loss": 1.0 / i}, 1.0)  # a logged model waits for its epoch's figures
         t = time.perf_counter()
         client.save(snapshot(model.weights), Saved(f"epoch-{i:03d}.weights.h5", i, i, {}))
         actor_blocked.append(time.perf_counter() - t)
@@ -65,6 +72,7 @@ def measure(repeats: int = 5, full_save: bool = False) -> dict:
             t = time.perf_counter()
             model.save(str(folder / f"full-{i}.keras"))
             full.append(time.perf_counter() - t)
+    logged = _logged_models(tracking, repeats) if tracking else None
     ray.kill(actor)
     shutil.rmtree(folder, ignore_errors=True)
     if started_ray:
@@ -80,13 +88,39 @@ def measure(repeats: int = 5, full_save: bool = False) -> dict:
     figures["stall_vs_sync_save"] = figures["actor_blocked_s"] / figures["sync_save_weights_s"]
     if full:
         figures["full_save_s"] = statistics.median(full)
+    if logged:
+        figures["logged_models"] = logged
     return figures
+
+
+def _tracking(folder: Path):
+    from rayparallel.tracking.mlflow_run import TrackingSettings
+
+    uri = f"sqlite:///{folder}/mlflow.db"
+    return TrackingSettings(uri, "bench", "bench", folder / "unlogged.json", started_at=time.time())
+
+
+def _logged_models(tracking, expected: int, timeout: float = 120) -> int:
+    """How many checkpoints the recorder's delivery thread logged as models (waits for all, up to `timeout`)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking.tracking_uri)
+    experiment = client.get_experiment_by_name(tracking.experiment).experiment_id
+    deadline, found = time.monotonic() + timeout, 0
+    while time.monotonic() < deadline:
+        found = len(client.search_logged_models([experiment]))
+        if found >= expected:
+            break
+        time.sleep(0.5)
+    return found
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
-    f = measure(parser.parse_args().repeats)
+    parser.add_argument("--log-checkpoints", action="store_true")
+    args = parser.parse_args()
+    f = measure(args.repeats, log_checkpoints=args.log_checkpoints)
     print(f"model: {f['parameters'] / 1e6:.1f}M parameters ({f['parameters'] * 4 / 2**20:.0f} MiB float32)")
     print(
         f"synchronous model.save_weights: {f['sync_save_weights_s'] * 1000:.0f} ms median "
@@ -98,6 +132,8 @@ def main() -> None:
         f"the actor's write took {f['actor_write_total_s'] * 1000:.0f} ms in the background"
     )
     print(f"stall vs synchronous save: {f['stall_vs_sync_save']:.2f}")
+    if "logged_models" in f:
+        print(f"MLflow logged models of the checkpoints (mlflow.log_checkpoints): {f['logged_models']}")
 
 
 if __name__ == "__main__":

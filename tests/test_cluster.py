@@ -297,7 +297,7 @@ def test_a_ray_data_job_whose_workers_take_every_cpu_is_refused_before_training(
     assert "Epoch 1/" not in output and not (tmp_path / "o" / "run.json").exists()
 
 
-def elastic_job(tmp_path, name: str, workers: int | dict) -> Path:
+def elastic_job(tmp_path, name: str, workers: int | dict, tracking_uri: str) -> Path:
     """The stateful LSTM with one worker per node (a `slot` each), resume points every 20 steps.
 
     Up to 140 short epochs, long enough on 1 worker for a node that joins after the shrink to be
@@ -324,7 +324,7 @@ def elastic_job(tmp_path, name: str, workers: int | dict) -> Path:
         "elastic_resize_monitor_interval_s": 2,
     }
     spec["mlflow"] = {
-        "tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
+        "tracking_uri": tracking_uri,
         "experiment": name,
         "system_metrics_interval_s": 2,
     }
@@ -370,16 +370,17 @@ def _seen(when: str, out: Path, log) -> bool:
     return any((Path(run["storage_path"]) / run["ray_run_name"]).glob(when))
 
 
-def test_elastic_run_shrinks_when_a_node_is_lost_and_grows_when_one_joins(cluster, tmp_path):
+def test_elastic_run_shrinks_when_a_node_is_lost_and_grows_when_one_joins(cluster, mlflow_server, tmp_path):
     """One elastic run: the second node is lost inside epoch 2 (2 -> 1 workers), then a node joins
     (1 -> 2), 3 epochs later the run stops; it ends with the weights of plain Keras `fit` in this
-    process for as many epochs (the same streams, seed and settings on one device)."""
+    process for as many epochs (the same streams, seed and settings on one device), and its run in
+    a real `mlflow server` has the System Metrics of both nodes of the last group."""
     from mlflow.tracking import MlflowClient
 
     from tests.models import stateful_lstm
 
     second = cluster.started[1]
-    job = elastic_job(tmp_path, "elastic", {"min": 1, "max": 2})
+    job = elastic_job(tmp_path, "elastic", {"min": 1, "max": 2}, mlflow_server.uri)
     lose = ("epoch-0001-step-*", lambda: cluster.lose(second))
     rejoin = ("resized 2 -> 1 workers", cluster.add)  # once the run goes on without it
     result, output, (lost_at, joined_at) = submit_and_watch(cluster, job, tmp_path / "elastic", lose, rejoin)
@@ -395,7 +396,7 @@ def test_elastic_run_shrinks_when_a_node_is_lost_and_grows_when_one_joins(cluste
     spec["train"]["epochs"] = epochs
     reference = keras_fit_streams(spec)[0].get_weights()
     error = max_relative_error(final_weights(result["final_weights"], stateful_lstm), reference)
-    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    client = MlflowClient(mlflow_server.uri)
     runs = client.search_runs([client.get_experiment_by_name("elastic").experiment_id])
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "val_loss")] == list(range(1, epochs + 1))

@@ -15,6 +15,7 @@ import pytest
 import rayparallel
 from tests.models import lstm_job
 
+from . import browser
 from .helpers import MlflowServer
 
 pytestmark = pytest.mark.slow
@@ -87,6 +88,23 @@ def test_run_is_complete_in_a_real_server_and_leaks_no_credential(
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)  # for models:/ below
     check_logged_models(client, run, result, tmp_path / "out" / "checkpoints")
+    check_ui_pages(mlflow_server.uri, run, node, tmp_path)
+
+
+def check_ui_pages(uri, run, node, folder):
+    """The run's pages as a browser shows them (docs/mlflow-ui.md), where Chromium is installed:
+    the node's System Metrics section, the registered version, each kept checkpoint in the Models tab."""
+    why = browser.missing()
+    if why:
+        print(f"MLflow UI pages not rendered: {why}")  # only the screenshots; every assertion above ran
+        return
+    texts = browser.run_pages(uri, run.info.experiment_id, run.info.run_id, folder / "ui")
+    assert (
+        f"system/{node}" in texts["system-metrics"] and "rayparallel_workers_cpu_percentage" in texts["system-metrics"]
+    )
+    assert "rp-lstm" in texts["overview"] and "Finished" in texts["overview"]
+    kept = [p.name.removesuffix(".weights.h5") for p in (folder / "out" / "checkpoints").glob("epoch-*.weights.h5")]
+    assert kept and all(name in texts["models"] for name in kept), (kept, texts["models"][:2000])
 
 
 def check_logged_models(client, run, result, folder):

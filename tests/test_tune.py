@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -39,7 +40,12 @@ def test_asha_sweep_one_parent_run_a_child_per_trial_best_exported(ray_address, 
     from mlflow.tracking import MlflowClient
 
     job = lstm_job("tune-asha", "scaling.num_workers=1", "train.epochs=6", "data.kwargs.windows=1000")
-    job["mlflow"] = {"tracking_uri": mlflow_server.uri, "experiment": "rp-tune", "register_model": "rp-tune-best"}
+    job["mlflow"] = {
+        "tracking_uri": mlflow_server.uri,
+        "experiment": "rp-tune",
+        "register_model": "rp-tune-best",
+        "log_checkpoints": True,
+    }
     job["tune"] = {"params": {"train.optimizer.config.learning_rate": LEARNING_RATES}, "grace_period": 1}
     out = tmp_path / "sweep"
     sets = ["--scheduler", "asha", "--set", "tune.reduction_factor=2", "--max-concurrent", "2"]
@@ -84,6 +90,13 @@ def test_asha_sweep_one_parent_run_a_child_per_trial_best_exported(ray_address, 
             assert logged == [(e, pytest.approx(h[key])) for e, h in enumerate(result["history"], start=1)]
         assert ("rayparallel.stopped_early" in child.data.tags) == (row["stopped_early"] == "True")
         assert child.data.tags.get("rayparallel.best_trial") == ("true" if row is best else None)
+        (node,) = {w["node_id"][:8] for w in result["workers"]}  # each child its own System Metrics and models
+        assert f"system/{node}/cpu_utilization_percentage" in child.data.metrics, sorted(child.data.metrics)
+        models = client.search_logged_models(
+            [experiment.experiment_id], filter_string=f"source_run_id = '{child.info.run_id}'"
+        )
+        kept = sorted(p.name.removesuffix(".weights.h5") for p in Path(result["final_weights"]).parent.glob("epoch-*"))
+        assert sorted(m.name for m in models if m.name != "model") == kept, (row["trial"], kept)
     versions = client.search_model_versions("name='rp-tune-best'")
     assert [v.run_id for v in versions] == [parent.info.run_id]  # only the parent registers, once
     assert client.get_model_version_by_alias("rp-tune-best", "champion").version == versions[0].version

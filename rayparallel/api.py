@@ -101,20 +101,21 @@ def fit(
     `build(batch_size)` returns the model (compiled or not) for a worker's rows; it may live in a
     notebook cell or `__main__` (Ray sends it to the workers by value). The data arguments mean
     what they mean in `fit`; `batch_size` is the global batch; `shuffle=False` keeps row order
-    (`layout: streams`, for stateful models). Arrays go to Ray's object store once. Other job
+    (`layout: streams`, for stateful models). Arrays go to Ray's object store once; a tf.data
+    pipeline is given as the function that builds it (`x=make_dataset`), which every worker calls. Other job
     settings as a section's dict (`mlflow={"experiment": "x"}`) or `overrides` (`"run.seed=1"`).
 
     >>> result = rayparallel.fit(build, x, y, batch_size=32, epochs=3, validation_data=(xv, yv))  # doctest: +SKIP
     >>> model = rayparallel.load_model(result.checkpoint_dir, batch_size=1)  # doctest: +SKIP
     """
-    from .data.in_memory import InMemoryData, fit_data
+    from .data.in_memory import fit_loader
 
     _check_fit_arguments(batch_size, settings)
     job = {
         "name": name or _run_name(build),
         "model": {"builder": build},
         "data": {
-            "loader": InMemoryData(fit_data(x, y, validation_data, sample_weight)),
+            "loader": fit_loader(x, y, validation_data, sample_weight),
             "layout": "shuffle" if shuffle else "streams",
         },
         "train": dict(

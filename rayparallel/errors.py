@@ -26,7 +26,7 @@ class ModelError(RayParallelError):
 
 def describe(value: object) -> str:
     """Short, readable description of a received value for error messages."""
-    text = repr(value)
+    text = " ".join(repr(value).split())  # one line: an array's repr has several
     if len(text) > 60:
         text = text[:57] + "..."
     return f"{text} ({type(value).__name__})"

@@ -149,8 +149,14 @@ def test_a_builder_that_cannot_be_pickled_and_a_tf_data_x_are_refused():
     with pytest.raises(RayParallelError, match=r"^model.builder: expected a function Ray can send .*_thread.lock"):
         rayparallel.fit(build_with_a_lock, *ROWS, batch_size=8)
     dataset = tf.data.Dataset.from_tensor_slices(ROWS).batch(8)
-    with pytest.raises(RayParallelError, match=r"^x: expected arrays or a keras.utils.PyDataset .* tf.data.Dataset"):
+    with pytest.raises(
+        RayParallelError, match=r"^x: expected arrays, a keras.utils.PyDataset or the function .*x=make_dataset"
+    ):
         rayparallel.fit(build_dense, dataset, batch_size=8)
+    with pytest.raises(RayParallelError, match=r"^y: expected None with a function x .*received array"):
+        rayparallel.fit(build_dense, lambda: dataset, ROWS[1], batch_size=8)
+    with pytest.raises(RayParallelError, match=r"^validation_data: expected a function that returns the validation"):
+        rayparallel.fit(build_dense, lambda: dataset, validation_data=dataset, batch_size=8)
 
 
 def test_the_example_notebook_is_the_readme_example():

@@ -41,19 +41,29 @@ def check_against(result, weights, history):
 
 
 def test_tf_data_with_validation_and_an_infinite_one_train_fits_model(ray_address, tmp_path):
-    from tests.models import tf_data_blobs
+    from tests.models import small_cnn, tf_data_blobs
 
     data = tf_data_blobs(8)
     weights, history = fit_oracle(data["x_train"], data["x_val"])
     spec = job("tf-data", "small_cnn", "tf_data_blobs", {}, optimizer=SGD, epochs=2, **COMPILE)
     result = rayparallel.train(spec, overrides=["scaling.num_workers=2"], output_dir=tmp_path / "finite", verbose=False)
     print(f"tf.data, 2 workers vs Keras fit: {check_against(result, weights, history):.2e}")
-    # repeat(): read on across epochs, as fit does with steps_per_epoch
+    # repeat(): read on across epochs, as fit does with steps_per_epoch; through rayparallel.fit, which takes
+    # the function that builds the pipeline (a tf.data.Dataset cannot be sent): every worker calls it
     weights, history = fit_oracle(tf_data_blobs(8, repeat=True)["x_train"], epochs=3, steps_per_epoch=5)
-    spec = job("tf-repeat", "small_cnn", "tf_data_blobs", {"repeat": True}, optimizer=SGD, epochs=3, **COMPILE)
-    sets = ["scaling.num_workers=2", "train.steps_per_epoch=5", "checkpoint.monitor=loss"]
-    result = rayparallel.train(spec, overrides=sets, output_dir=tmp_path / "repeat", verbose=False)
-    print(f"tf.data repeat(), 2 workers vs Keras fit: {check_against(result, weights, history):.2e}")
+    result = rayparallel.fit(
+        small_cnn,
+        lambda: tf_data_blobs(8, repeat=True)["x_train"],
+        batch_size=8,
+        epochs=3,
+        steps_per_epoch=5,
+        train={"optimizer": SGD, "seed": 4, **COMPILE},
+        checkpoint={"monitor": "loss"},
+        mlflow={"enabled": False},
+        output_dir=tmp_path / "repeat",
+        verbose=False,
+    )
+    print(f"tf.data repeat() by rayparallel.fit, 2 workers vs Keras fit: {check_against(result, weights, history):.2e}")
 
 
 def test_a_pydataset_of_png_files_trains_fits_model(ray_address, tmp_path):

@@ -1,16 +1,64 @@
-"""`rayparallel.fit`'s loader: the arrays (or PyDatasets) it was given, returned as a loader returns them.
+"""`rayparallel.fit`'s loaders: the arrays (or PyDatasets) it was given, returned as a loader returns
+them, or the functions that build its tf.data pipelines.
 
-The driver calls it once and puts the arrays in Ray's object store, where the workers of a
-node read them without a copy (`launch.shared_with_workers`); a PyDataset goes to the batch
-server. Pickled with the spec (to the workers, the recorder), it carries none of them: the
-arrays are never sent once per task.
+The driver calls `InMemoryData` once and puts the arrays in Ray's object store, where the
+workers of a node read them without a copy (`launch.shared_with_workers`); a PyDataset goes to
+the batch server. Pickled with the spec (to the workers, the recorder), it carries none of them:
+the arrays are never sent once per task. A tf.data pipeline cannot be sent to another process at
+all, so `fit` takes the function that builds it (`DatasetFunctions`), and every worker builds it
+as a job's loader would, as tf.distribute's `dataset_fn` is used.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import DataError, describe
+
+
+def fit_loader(x: Any, y: Any, validation_data: Any, sample_weight: Any) -> Callable[[], dict[str, Any]]:
+    """The job's `data.loader` for `model.fit`'s data arguments."""
+    from .keras_inputs import is_dataset
+
+    if callable(x) and not is_dataset(x):
+        return DatasetFunctions(x, y, validation_data, sample_weight)
+    return InMemoryData(fit_data(x, y, validation_data, sample_weight))
+
+
+class DatasetFunctions:
+    """A loader over functions that return `fit`'s datasets (tf.data or PyDataset), called where it runs."""
+
+    def __init__(self, x: Callable[[], Any], y: Any, validation_data: Any, sample_weight: Any):
+        for key, value in (("y", y), ("sample_weight", sample_weight)):
+            if value is not None:
+                raise DataError(
+                    f"{key}: expected None with a function x (its dataset's batches hold it), received {describe(value)}"
+                )
+        if validation_data is not None and not callable(validation_data):
+            raise DataError(
+                "validation_data: expected a function that returns the validation dataset beside a function x, "
+                f"received {describe(validation_data)}"
+            )
+        self._x, self._validation = x, validation_data
+
+    def __call__(self) -> dict[str, Any]:
+        out = {"x_train": self._built("x", self._x)}
+        if self._validation is not None:
+            out["x_val"] = self._built("validation_data", self._validation)
+        return out
+
+    @staticmethod
+    def _built(key: str, function: Callable[[], Any]) -> Any:
+        from .keras_inputs import is_dataset
+
+        dataset = function()
+        if not is_dataset(dataset):
+            raise DataError(
+                f"{key}: expected a function that returns a tf.data.Dataset or a keras.utils.PyDataset, "
+                f"received one that returned {describe(dataset)}"
+            )
+        return dataset
 
 
 class InMemoryData:
@@ -41,8 +89,9 @@ def fit_data(x: Any, y: Any, validation_data: Any, sample_weight: Any) -> dict[s
     for key, value in (("x", x), ("validation_data", validation_data)):
         if is_tf_data(value):
             raise DataError(
-                f"{key}: expected arrays or a keras.utils.PyDataset for rayparallel.fit, received a tf.data.Dataset "
-                "(TensorFlow cannot send one to the workers; a job's data.loader may build it in each worker)"
+                f"{key}: expected arrays, a keras.utils.PyDataset or the function that returns the tf.data.Dataset "
+                f"({key}=make_dataset: each worker builds it), received a tf.data.Dataset (a pipeline cannot be "
+                "sent to another process)"
             )
     if is_dataset(x):
         if y is not None or sample_weight is not None:

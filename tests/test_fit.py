@@ -68,10 +68,30 @@ def assert_same_as_plain_fit(folder: Path, plain_fit, label: str) -> None:
     assert type(model.layers[1]).__name__ == "Halve" and model.inputs[0].shape[0] == 1
 
 
+# The same script then sweeps: rayparallel.tune takes a spec whose builder and loader live in `__main__`.
+TUNE = """
+def load():
+    return {"x_train": x, "y_train": y, "x_val": x_val, "y_val": y_val}
+
+
+job = {
+    "name": "tune-main",
+    "model": {"builder": build},
+    "data": {"loader": load, "layout": "streams"},
+    "train": {"global_batch_size": 8, "epochs": 1},
+    "scaling": {"num_workers": 1},
+    "mlflow": {"enabled": False},
+}
+sweep = rayparallel.tune(job, params={"train.seed": "grid(1)"}, output_dir="sweep", verbose=False)
+print("SWEEP", [trial["status"] for trial in sweep.trials], sweep.best_weights)
+"""
+
+
 @pytest.mark.slow
 def test_a_script_whose_builder_lives_in_main_trains_what_fit_trains(ray_address, tmp_path, plain_fit):
+    """...and sweeps the same `__main__` builder and loader with `rayparallel.tune`."""
     script = tmp_path / "train_script.py"
-    script.write_text(MODEL_CELL + "\n" + FIT_CELL)
+    script.write_text(MODEL_CELL + "\n" + FIT_CELL + TUNE)
     run = subprocess.run(
         [sys.executable, str(script)],
         capture_output=True,
@@ -85,6 +105,8 @@ def test_a_script_whose_builder_lives_in_main_trains_what_fit_trains(ray_address
     assert_same_as_plain_fit(tmp_path, plain_fit, "script")
     recorded = (tmp_path / "runs/fit-build/job.yaml").read_text()
     assert "builder: __main__:build" in recorded and "loader: rayparallel.data.in_memory:InMemoryData" in recorded
+    (swept,) = [line for line in run.stdout.splitlines() if line.startswith("SWEEP")]
+    assert swept.startswith("SWEEP ['FINISHED']") and swept.endswith("final.weights.h5"), swept
 
 
 @pytest.mark.slow

@@ -98,12 +98,11 @@ def fit(
 ) -> TrainResult:
     """`model.fit` on `num_workers` Ray Train workers, from a notebook or a script: no YAML, no module.
 
-    `build(batch_size)` returns the model (compiled or not) for a worker's rows; it may live in a
-    notebook cell or `__main__` (Ray sends it to the workers by value). The data arguments mean
-    what they mean in `fit`; `batch_size` is the global batch; `shuffle=False` keeps row order
-    (`layout: streams`, for stateful models). Arrays go to Ray's object store once; a tf.data
-    pipeline is given as the function that builds it (`x=make_dataset`), which every worker calls. Other job
-    settings as a section's dict (`mlflow={"experiment": "x"}`) or `overrides` (`"run.seed=1"`).
+    `build(batch_size)` returns the model (compiled or not) for a worker's rows, from anywhere (a
+    notebook cell: Ray sends it by value). The data arguments mean what they mean in `fit`;
+    `batch_size` is the global batch; `shuffle=False` keeps row order (for stateful models). Arrays
+    go to Ray's object store once; a tf.data pipeline as the function that builds it (`x=make_ds`),
+    called by every worker. Other settings: `mlflow={"experiment": "x"}`, `overrides=["run.seed=1"]`.
 
     >>> result = rayparallel.fit(build, x, y, batch_size=32, epochs=3, validation_data=(xv, yv))  # doctest: +SKIP
     >>> model = rayparallel.load_model(result.checkpoint_dir, batch_size=1)  # doctest: +SKIP

@@ -8,6 +8,40 @@ from pathlib import Path
 from typing import Any
 
 
+@dataclass(frozen=True)
+class WorkerInfo:
+    """What a rank tells the recorder of itself as its worker group starts (and, at the end, its
+    final weights' digest, memory and input waits): a row of `result.json`'s `workers`."""
+
+    rank: int
+    world: int  # its worker group's size
+    node_id: str
+    pid: int
+    gpu_ids: list[str]
+    batch_shape: list[list]  # each model input's shape, batch first
+    resumed_from_epoch: int  # epochs done before this group started
+    resumed_from_step: int  # steps into the next epoch
+    global_step: int
+    memory: dict  # MB of PSS: before the data, at its peak, in Ray's object store (worker.memory)
+    final_weights_sha256: str | None = None  # the end: replicas in step hold the same weights
+    epoch_start_wait_s: list[float] = field(default_factory=list)  # the end: each epoch's wait for its first batch
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What the recorder knows of a run at its end, for the driver's `TrainResult`."""
+
+    history: list[dict]
+    final_weights: str | None
+    checkpoint_dir: str
+    checkpoints: list[str]
+    workers: list[WorkerInfo]  # the last group's, by rank
+    first_step_at: float | None
+    startup_marks: dict[str, float]  # phase -> unix time, the first time rank 0 reached it
+    resizes: list[dict]
+    stopped: dict | None
+
+
 @dataclass
 class TrainResult:
     """Per-epoch global figures (Keras' history keys), final base weights, worker placement."""

@@ -60,10 +60,10 @@ def kill_when(
                 summary = ray.get(actor.summary.remote())
                 run_folder = Path(ray.get(actor.run_folder.remote()))
                 point_inside = any(run_folder.glob(f"epoch-{epochs_done:04d}-step-*/meta.json"))
-                if len(summary["history"]) >= epochs_done and len(summary["workers"]) == 2 and point_inside >= inside:
-                    pid = ray.get(actor.__ray_call__.remote(_pid)) if recorder else summary["workers"][1]["pid"]
+                if len(summary.history) >= epochs_done and len(summary.workers) == 2 and point_inside >= inside:
+                    pid = ray.get(actor.__ray_call__.remote(_pid)) if recorder else summary.workers[1].pid
                     os.kill(pid, sig)
-                    killed.update(pid=pid, at=time.monotonic(), after_epoch=len(summary["history"]))
+                    killed.update(pid=pid, at=time.monotonic(), after_epoch=len(summary.history))
                     return
             time.sleep(0.05)
 

@@ -11,7 +11,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,7 +35,7 @@ from ..hooks import env_defaults
 from ..recorder.actor import RECORDER_RESTARTS, RecorderActor, recorder_name
 from ..recorder.events import ControllerStarted, EpochEnded, Event, PhaseReached, Resized, RunWarning, TrackingStarted
 from ..recorder.journal import JOURNAL
-from ..result import TrainResult, describe_stop
+from ..result import RunSummary, TrainResult, describe_stop
 from ..secrets import mask, mask_text
 from ..spec import JobSpec
 from ..startup import describe, relative
@@ -258,17 +258,24 @@ def _conclude(run: Launch, actor: ActorHandle, error: BaseException | None, job_
                 + continue_with("train", run.output_dir)
             ) from error
         raise error
-    summary = ray.get(actor.summary.remote())
-    startup = relative({**summary.pop("startup_marks"), **run.marks}, run.started_at)
+    summary: RunSummary = ray.get(actor.summary.remote())
+    startup = relative({**summary.startup_marks, **run.marks}, run.started_at)
     result = TrainResult(
         name=run.spec.name,
+        history=summary.history,
+        final_weights=summary.final_weights,
+        workers=[asdict(worker) for worker in summary.workers],
         output_dir=str(run.output_dir),
         seconds=time.time() - run.started_at,
+        checkpoint_dir=summary.checkpoint_dir,
+        checkpoints=summary.checkpoints,
         baselines=run.baselines,
         mlflow=ray.get(actor.tracking_info.remote(0)) or {},
-        startup=startup,
+        first_step_at=summary.first_step_at,
         time_to_first_step_s=startup.get("first_step_done"),
-        **summary,
+        startup=startup,
+        resizes=summary.resizes,
+        stopped=summary.stopped,
     )
     result_file = result.write()
     result.mlflow = _end(actor, "FINISHED", [job_file, result_file]) or {}

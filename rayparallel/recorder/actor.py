@@ -31,6 +31,7 @@ from ..checkpoint.policy import Saved
 from ..checkpoint.writer import CheckpointWriter
 from ..files import WriteError, free_space
 from ..hooks import set_env_defaults
+from ..result import RunSummary, WorkerInfo
 from ..spec import JobSpec
 from ..spec.references import add_search_path
 from .events import (
@@ -107,14 +108,14 @@ class RunRecorder:
         self._record_journal()  # at once: a restart must never read an earlier run's journal
 
     # -- from the workers -------------------------------------------------------------
-    def register_worker(self, info: dict) -> None:
+    def register_worker(self, info: WorkerInfo) -> None:
         """Every rank of every worker group; a group of another size than the last is a resize."""
         resize, changed, complete = self._registry.register(info)
         self._record_journal()
         if resize:
             self._events.add(Resized(resize))
         if changed and self._mlflow:
-            self._mlflow.workers_changed(info["world"], info["global_step"])
+            self._mlflow.workers_changed(info.world, info.global_step)
         if complete and self._mlflow:
             self._mlflow.group_complete(self._registry.workers())
 
@@ -136,14 +137,14 @@ class RunRecorder:
 
     def worker_pids(self, node_id: str) -> list[int]:
         """The processes of the registered workers on a node, lowest rank first (the one that samples it)."""
-        return [w["pid"] for w in self._registry.workers() if w["node_id"] == node_id]  # workers() by rank
+        return [w.pid for w in self._registry.workers() if w.node_id == node_id]  # workers() by rank
 
     def failure(self) -> str | None:
         return self._registry.failure
 
-    def update_worker(self, rank: int, info: dict) -> None:
-        """More about a registered worker (its final weights' digest)."""
-        self._registry.update(rank, info)
+    def update_worker(self, rank: int, **end: Any) -> None:
+        """A registered worker's figures at its end (its final weights' digest, memory, input waits)."""
+        self._registry.update(rank, **end)
         self._record_journal()
 
     def log_progress(
@@ -260,19 +261,19 @@ class RunRecorder:
         events = self._events.drain()
         return [TrackingStarted(announced), *events] if announced else events
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> RunSummary:
         writer = self._writer
-        return {
-            "history": self._history.as_list(),
-            "final_weights": str(writer.folder / writer.final.file) if writer.final else None,
-            "checkpoint_dir": str(writer.folder),
-            "checkpoints": [str(writer.folder / s.file) for s in writer.retention.saved],
-            "workers": self._registry.workers(),
-            "first_step_at": self._startup.get("first_step_done"),
-            "startup_marks": dict(self._startup),
-            "resizes": list(self._registry.resizes),
-            "stopped": self._stops.stopped,
-        }
+        return RunSummary(
+            history=self._history.as_list(),
+            final_weights=str(writer.folder / writer.final.file) if writer.final else None,
+            checkpoint_dir=str(writer.folder),
+            checkpoints=[str(writer.folder / s.file) for s in writer.retention.saved],
+            workers=self._registry.workers(),
+            first_step_at=self._startup.get("first_step_done"),
+            startup_marks=dict(self._startup),
+            resizes=list(self._registry.resizes),
+            stopped=self._stops.stopped,
+        )
 
     # -- internals ----------------------------------------------------------------------
     def _warn(self, text: str) -> None:

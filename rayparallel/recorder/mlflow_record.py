@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..result import describe_stop
+from ..result import WorkerInfo, describe_stop
 from ..secrets import mask_text
 from ..tracking.mlflow_run import SYSTEM_PREFIX, MlflowRun, TrackingSettings
 from ..tracking.params import run_params, worker_tags
@@ -57,7 +57,7 @@ class MlflowRecord:
     def workers_changed(self, world: int, global_step: int) -> None:
         self._run.log_metrics({"num_workers": world}, step=global_step)
 
-    def group_complete(self, workers: Iterable[dict]) -> None:
+    def group_complete(self, workers: Iterable[WorkerInfo]) -> None:
         self._run.set_tags(worker_tags(workers))
 
     def step_loss(self, loss: float, global_step: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from ..result import WorkerInfo
 from ..secrets import mask
 from ..spec import JobSpec
 
@@ -49,12 +50,12 @@ def run_params(spec: JobSpec) -> dict[str, str]:
     return params
 
 
-def worker_tags(workers: Iterable[dict]) -> dict[str, str]:
-    workers = sorted(workers, key=lambda w: w["rank"])
-    nodes = sorted({w["node_id"] for w in workers})
+def worker_tags(workers: Iterable[WorkerInfo]) -> dict[str, str]:
+    workers = sorted(workers, key=lambda w: w.rank)
+    nodes = sorted({w.node_id for w in workers})
     return {
         "rayparallel.nodes": ",".join(n[:12] for n in nodes),
         "rayparallel.num_nodes": str(len(nodes)),
-        "rayparallel.gpus_per_worker": str(max((len(w["gpu_ids"]) for w in workers), default=0)),
-        "rayparallel.gpu_ids": ";".join(f"{w['rank']}:{','.join(w['gpu_ids']) or '-'}" for w in workers),
+        "rayparallel.gpus_per_worker": str(max((len(w.gpu_ids) for w in workers), default=0)),
+        "rayparallel.gpu_ids": ";".join(f"{w.rank}:{','.join(w.gpu_ids) or '-'}" for w in workers),
     }

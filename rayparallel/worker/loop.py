@@ -25,6 +25,7 @@ from ..data.ray_data_warnings import ray_data_warnings_sent
 from ..errors import NonFiniteLossError
 from ..logs import LOSS_SCALE, OWN_KEYS
 from ..model import build_model
+from ..result import WorkerInfo
 from ..spec import JobSpec, TrainSpec
 from ..spec.references import add_search_path
 from ..spec.schema import rank_rows
@@ -187,18 +188,18 @@ class WorkerRun:
         import ray
 
         self.actor.register_worker.remote(
-            {
-                "rank": self.rank,
-                "node_id": ray.get_runtime_context().get_node_id(),
-                "batch_shape": replica.batch_shapes(self.model),
-                "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-                "pid": os.getpid(),
-                "resumed_from_epoch": self.start_epoch,
-                "resumed_from_step": self.start_step,  # steps into the next epoch
-                "world": self.world,
-                "memory": self.memory.figures(),
-                "global_step": self.start_epoch * self.steps_per_epoch + self.start_step,
-            }
+            WorkerInfo(
+                rank=self.rank,
+                world=self.world,
+                node_id=ray.get_runtime_context().get_node_id(),
+                pid=os.getpid(),
+                gpu_ids=[str(g) for g in ray.get_gpu_ids()],
+                batch_shape=replica.batch_shapes(self.model),
+                resumed_from_epoch=self.start_epoch,
+                resumed_from_step=self.start_step,
+                global_step=self.start_epoch * self.steps_per_epoch + self.start_step,
+                memory=self.memory.figures(),
+            )
         )
 
     def _sample_system_metrics(self) -> NodeSampler | None:
@@ -278,12 +279,14 @@ class WorkerRun:
         self.callbacks.on_train_end(dict(logs))  # EarlyStopping(restore_best_weights) restores here
         weights = self.model.get_weights()  # every rank reads, see resume.snapshot
         # replicas in step hold identical weights: result.json shows each rank's digest
-        figures = {
-            "final_weights_sha256": resume.digest(weights),
-            "memory": self.memory.figures(),
-            "epoch_start_wait_s": self.feed.epoch_start_waits,  # each epoch's wait for its first batch
-        }
-        ray.get(self.actor.update_worker.remote(self.rank, figures))
+        ray.get(
+            self.actor.update_worker.remote(
+                self.rank,
+                final_weights_sha256=resume.digest(weights),
+                memory=self.memory.figures(),
+                epoch_start_wait_s=self.feed.epoch_start_waits,
+            )
+        )
         if self.rank == 0:
             self.client.flush()
             epochs = len(self.history)  # train.epochs, or fewer when the run was stopped early

@@ -11,7 +11,7 @@ from .inference.output import read_predictions
 from .inference.run import predict
 from .result import TrainResult
 from .spec import JobSpec, Shard, load_spec
-from .sweep.result import SweepResult
+from .tuning.result import SweepResult
 from .version import __version__
 
 __all__ = [

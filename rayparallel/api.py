@@ -17,7 +17,7 @@ from .spec import JobSpec, SpecSource, load_spec
 if TYPE_CHECKING:
     import keras
 
-    from .sweep.result import SweepResult
+    from .tuning.result import SweepResult
 
 
 def validate(spec: SpecSource, overrides: Iterable[str] = ()) -> JobSpec:
@@ -181,7 +181,7 @@ def tune(
     >>> result.best_weights  # doctest: +SKIP
     """
     from .files import ensure_writable
-    from .sweep.driver import run_sweep
+    from .tuning.driver import run_sweep
 
     chosen = dict(samples=samples, max_concurrent=max_concurrent, metric=metric, mode=mode, scheduler=scheduler)
     sets = [f"tune.{key}={json.dumps(value)}" for key, value in chosen.items() if value is not None]

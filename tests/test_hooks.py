@@ -57,7 +57,7 @@ def test_importing_rayparallel_sets_no_environment_variable():
     probe = (
         "import os, json; before = dict(os.environ); "
         "import rayparallel, rayparallel.cli, rayparallel.cluster.run, rayparallel.cluster.launch, "
-        "rayparallel.sweep.driver, rayparallel.tracking.mlflow_run, rayparallel.worker.loop; "
+        "rayparallel.tuning.driver, rayparallel.tracking.mlflow_run, rayparallel.worker.loop; "
         "print(json.dumps(sorted(set(os.environ.items()) ^ set(before.items()))))"
     )
     done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -27,7 +27,7 @@ FLOORS = {
     "data": 5,  # what a worker trains on: arrays, Ray Data, Keras datasets (run in workers, the driver, actors)
     "worker": 6,
     "cluster": 7,
-    "sweep": 8,  # many runs, each the one run path of cluster/run.py, scheduled by Ray Tune
+    "tuning": 8,  # many runs, each the one run path of cluster/run.py, scheduled by Ray Tune
     "inference": 8,  # `predict`: trained weights over the job's rows, on tasks or Ray Data replicas
     "api": 9,
     "cli": 9,

@@ -10,8 +10,8 @@ import pytest
 from rayparallel import load_spec
 from rayparallel.errors import SpecError
 from rayparallel.spec import apply_overrides, load_yaml
-from rayparallel.sweep.outcomes import best_outcome, format_table, read_outcome, write_csv
-from rayparallel.sweep.space import Trial, parse_space, plan_trials
+from rayparallel.tuning.outcomes import best_outcome, format_table, read_outcome, write_csv
+from rayparallel.tuning.space import Trial, parse_space, plan_trials
 from tests.models import LSTM_JOB
 
 

@@ -34,7 +34,7 @@ from .batch_norm import BatchNormSync
 from .cadence import ProgressCadence
 from .callbacks import Callbacks, make_callbacks
 from .memory import MemoryWatch
-from .step import EpochFigures, Steps
+from .step import EpochLogs, Steps
 from .sync import (
     Reducer,
     StepWatchdog,
@@ -137,7 +137,7 @@ class WorkerRun:
         spec = self.spec
         if self.own:
             self.steps = own_step.OwnSteps(self.strategy, self.model)
-            self.figures = own_step.OwnStepFigures(self.steps, self.reducer, self.rank, self.world)
+            self.figures = own_step.OwnStepLogs(self.steps, self.reducer, self.rank, self.world)
             return
         self.steps = Steps(
             self.strategy,
@@ -149,7 +149,7 @@ class WorkerRun:
             spec.train.loss_scale,
             spec.train.gradient_accumulation_steps,
         )
-        self.figures = EpochFigures(self.steps, self.reducer, self.rank, self.world)
+        self.figures = EpochLogs(self.steps, self.reducer, self.rank, self.world)
 
     def _prepare_epochs(self, output_dir: str) -> None:
         spec = self.spec

@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import ModelError, first_line
 from ..hooks import hook
 from .loss_reduction import global_batch_reduction
-from .step import EpochFigures
+from .step import EpochLogs
 
 if TYPE_CHECKING:
     import keras
@@ -128,7 +128,7 @@ class OwnSteps:
 
         self.model, self.strategy = model, strategy
         self.metrics = model.metrics  # built: the worker ran Keras' symbolic build before
-        # no loss of ours: zero, but summed and saved with the epoch's state as `Steps`' is (EpochFigures, resume)
+        # no loss of ours: zero, but summed and saved with the epoch's state as `Steps`' is (EpochLogs, resume)
         self.loss_total = tf.Variable(0.0, dtype=tf.float64, trainable=False)
         self.steps_run = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.first_nonfinite = tf.Variable(0, dtype=tf.int64, trainable=False)
@@ -191,8 +191,8 @@ class KeepsLast:
         self.last = self.function(*args)
 
 
-class OwnStepFigures(EpochFigures):
-    """The model's logs as global figures: a metric's result from its states summed over all workers, any
+class OwnStepLogs(EpochLogs):
+    """The model's logs made global: a metric's result from its states summed over all workers, any
     other log (a raw loss tensor) the workers' mean of their last step's value, as `fit` keeps the last."""
 
     def running_loss(self, steps_done: int, seconds: float = 0.0) -> float:

@@ -3,7 +3,7 @@
 Each worker's loss is Keras' own loss of its rows (masks, sample weights, reduction) divided
 by the *global* divisor (`loss_reduction`), so the gradients summed over workers (by the
 optimizer's all-reduce) equal the gradient one device would compute for the whole global batch. Loss and metric states accumulate locally and are
-summed over workers only when figures are needed (see :class:`EpochFigures`).
+summed over workers only when figures are needed (see :class:`EpochLogs`).
 
 Options for GPU workers: `jit_compile` runs forward and backward as one XLA program (the
 gradient all-reduce and the update stay outside it); `LossScale` is dynamic loss scaling
@@ -209,7 +209,7 @@ class LossScale:
         tf.distribute.get_replica_context().merge_call(in_cross_replica_context, args=(grads, bad))
 
 
-class EpochFigures:
+class EpochLogs:
     """Global loss and metrics: local states summed over all workers, then Keras' `result()`.
 
     Each reduction also gathers every rank's first non-finite training step, so all ranks

@@ -35,7 +35,7 @@ RESULTS_FILE = "tune_results.csv"
 
 
 @dataclass
-class Plan:
+class TrialPlan:
     """`tune.json`: the sweep's settings and trials, fixed when it starts."""
 
     settings: dict  # TuneSpec fields, resolved (metric chosen)
@@ -49,7 +49,7 @@ class Plan:
         atomic_write_text(folder / PLAN_FILE, json.dumps(asdict(self), indent=2), "--output-dir")
 
     @classmethod
-    def read(cls, folder: Path) -> Plan:
+    def read(cls, folder: Path) -> TrialPlan:
         path = folder / PLAN_FILE
         if not path.is_file():
             raise RayParallelError(
@@ -69,12 +69,12 @@ def run_sweep(
 ) -> SweepResult:
     say = printer(verbose)
     if resume:
-        plan = Plan.read(output_dir)
+        plan = TrialPlan.read(output_dir)
         settings = TuneSpec(**plan.settings)
         say(f"rayparallel: resuming the sweep recorded in {output_dir / PLAN_FILE}")
     else:
         spaces = {key: parse_space(key, text) for key, text in settings.params.items()}
-        plan = Plan(asdict(settings), [asdict(t) for t in plan_trials(spaces, settings.samples, settings.seed)])
+        plan = TrialPlan(asdict(settings), [asdict(t) for t in plan_trials(spaces, settings.samples, settings.seed)])
     trials = plan.trial_list()
     jobs = {t.id: trial_job(job, t) for t in trials}  # every trial's spec checked before any starts
     first = jobs[trials[0].id]
@@ -181,7 +181,7 @@ def _with_parent(spec: JobSpec, trial_id: str, parent: SweepRun) -> JobSpec:
     return replace(spec, mlflow=tracking)
 
 
-def _sweep_params(plan: Plan) -> dict[str, str]:
+def _sweep_params(plan: TrialPlan) -> dict[str, str]:
     settings = {k: v for k, v in plan.settings.items() if k != "params"}
     params = {f"tune.{key}": str(value) for key, value in settings.items()}
     params.update({f"tune.params.{key}": str(text) for key, text in plan.settings["params"].items()})

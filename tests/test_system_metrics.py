@@ -24,8 +24,8 @@ def test_samples_carry_mlflows_names_this_process_and_numbered_steps_until_stopp
     samples: list[tuple[dict, int, float]] = []
     three = threading.Event()
 
-    def send(figures: dict, step: int, at: float) -> None:
-        samples.append((figures, step, at))
+    def send(metrics: dict, step: int, at: float) -> None:
+        samples.append((metrics, step, at))
         if len(samples) == 3:
             three.set()
 
@@ -43,13 +43,13 @@ def test_samples_carry_mlflows_names_this_process_and_numbered_steps_until_stopp
     assert len(samples) == count  # stopped: no more samples
     assert [s for _, s, _ in samples] == list(range(count))
 
-    figures, step, at = samples[0]
-    assert set(figures) >= MLFLOW_NAMES | {"rayparallel_workers_cpu_percentage", "rayparallel_workers_memory_megabytes"}
+    metrics, step, at = samples[0]
+    assert set(metrics) >= MLFLOW_NAMES | {"rayparallel_workers_cpu_percentage", "rayparallel_workers_memory_megabytes"}
     assert [s for _, s, _ in samples[:3]] == [0, 1, 2] and abs(at - time.time()) < 10
-    assert 0 < figures["system_memory_usage_percentage"] < 100 and figures["disk_available_megabytes"] > 0
-    assert figures["rayparallel_workers_memory_megabytes"] > 10  # this Python process's resident memory
+    assert 0 < metrics["system_memory_usage_percentage"] < 100 and metrics["disk_available_megabytes"] > 0
+    assert metrics["rayparallel_workers_memory_megabytes"] > 10  # this Python process's resident memory
     assert max(f["rayparallel_workers_cpu_percentage"] for f, _, _ in samples) > 0
-    assert not [key for key in figures if key.startswith("gpu_")]  # no NVIDIA driver here: nothing said
+    assert not [key for key in metrics if key.startswith("gpu_")]  # no NVIDIA driver here: nothing said
 
 
 def test_only_the_nodes_lowest_rank_sends():

@@ -258,17 +258,17 @@ def _count_streams(dataset: ray.data.Dataset, key: str, global_batch_size: int) 
         raise DataError(
             f"{key}: expected at least one global batch ({global_batch_size} rows), received an empty dataset"
         )
-    figures = {
+    counts = {
         name: pick(int(row[name]) for row in blocks)
         for name, pick in (("min_stream", min), ("max_stream", max), ("min_t", min), ("max_t", max))
     }
-    low, high = figures["min_stream"], figures["max_stream"]
+    low, high = counts["min_stream"], counts["max_stream"]
     if (low, high) != (0, global_batch_size - 1):
         raise DataError(
             f"{key}: expected streams 0..{global_batch_size - 1} (one per row of train.global_batch_size), received "
             f"streams {low}..{high}"
         )
-    first_t, last_t = figures["min_t"], figures["max_t"]
+    first_t, last_t = counts["min_t"], counts["max_t"]
     steps = last_t - first_t + 1
     if first_t != 0 or count != global_batch_size * steps:
         raise DataError(

@@ -53,29 +53,31 @@ def open_feed(
     source: DataSource, spec: JobSpec, rank: int, world: int, agree: Callable[[list[int]], list[list[int]]]
 ) -> Feed:
     """This worker's feed; `agree` gathers one list of figures from every worker (a collective)."""
-    batch = spec.train.global_batch_size
+    global_batch = spec.train.global_batch_size
     if source.datasets is not None:
-        return DatasetFeed(source.datasets, batch, rank, world, spec.train.epochs)
+        return DatasetFeed(source.datasets, global_batch, rank, world, spec.train.epochs)
     train = spec.train
     seed = [train.seed] if spec.data.layout == "shuffle" else None  # PyDatasets; streams: the order kept
     if source.batch_server is not None:
-        return KerasInputFeed(source.served, train.class_weight, batch, rank, world, seed, source.batch_server)
+        return KerasInputFeed(source.served, train.class_weight, global_batch, rank, world, seed, source.batch_server)
     if source.keras_input:
-        shard = Shard.of(rank, world, batch) if source.rank_aware else None
-        out = shards.call_loader(spec.data, batch, shard)
+        shard = Shard.of(rank, world, global_batch) if source.rank_aware else None
+        out = shards.call_loader(spec.data, global_batch, shard)
         opened = keras_inputs.open_input(
-            out, shard.batch_size if shard else batch, train.steps_per_epoch, train.validation_steps
+            out, shard.batch_size if shard else global_batch, train.steps_per_epoch, train.validation_steps
         )
         if shard is not None:  # its own pipeline: every row of its batches is this worker's
-            rank, world, batch = 0, 1, shard.batch_size
-        return KerasInputFeed(opened, train.class_weight, batch, rank, world, seed)
+            rank, world, global_batch = 0, 1, shard.batch_size  # the global batch of its own pipeline
+        return KerasInputFeed(opened, train.class_weight, global_batch, rank, world, seed)
     if source.rank_aware:
-        shard = Shard.of(rank, world, batch)
-        return own_rows_feed(shards.load_data(spec.data, batch, spec.train.class_weight, shard), spec, shard, agree)
+        shard = Shard.of(rank, world, global_batch)
+        return own_rows_feed(
+            shards.load_data(spec.data, global_batch, spec.train.class_weight, shard), spec, shard, agree
+        )
     import ray
 
     data = ray.get(source.arrays) if isinstance(source.arrays, ray.ObjectRef) else source.arrays  # zero-copy
-    return ArrayFeed(data, spec.data.layout, spec.train.seed, batch, rank, world)
+    return ArrayFeed(data, spec.data.layout, spec.train.seed, global_batch, rank, world)
 
 
 class Feed:

@@ -130,10 +130,10 @@ class RunRecorder:
             self._data_warnings.add(key)
             self._warn(text)
 
-    def system_metrics(self, node: str, figures: dict, step: int, at: float) -> None:
+    def system_metrics(self, node: str, metrics: dict, step: int, at: float) -> None:
         """A sample of a node's system metrics (`worker.system_metrics.NodeSampler`), for the MLflow run."""
         if self._mlflow:
-            self._mlflow.system(node, figures, step, at)
+            self._mlflow.system(node, metrics, step, at)
 
     def worker_pids(self, node_id: str) -> list[int]:
         """The processes of the registered workers on a node, lowest rank first (the one that samples it)."""

@@ -64,9 +64,9 @@ class MlflowRecord:
         if self._settings.log_step_loss:
             self._run.log_metrics({"step_loss": loss}, step=global_step)
 
-    def system(self, node: str, figures: dict, step: int, at: float) -> None:
+    def system(self, node: str, metrics: dict, step: int, at: float) -> None:
         """A node's system metrics sample (`worker.system_metrics`), as MLflow names a node's."""
-        self._run.log_metrics({f"{SYSTEM_PREFIX}{node}/{key}": value for key, value in figures.items()}, step, at)
+        self._run.log_metrics({f"{SYSTEM_PREFIX}{node}/{key}": value for key, value in metrics.items()}, step, at)
 
     def epoch(self, epoch: int, logs: dict) -> None:
         self._run.log_metrics(logs, step=epoch)

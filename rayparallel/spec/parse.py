@@ -274,7 +274,7 @@ def _check_data(spec: JobSpec) -> None:
 
 
 def _check_workers(spec: JobSpec) -> None:
-    scaling, batch = spec.scaling, spec.train.global_batch_size
+    scaling, global_batch = spec.scaling, spec.train.global_batch_size
     key = "scaling.num_workers.max" if scaling.elastic else "scaling.num_workers"
     if scaling.elastic and scaling.min_workers < 1:
         raise SpecError(f"scaling.num_workers.min: expected at least 1 worker, received {scaling.min_workers!r}")
@@ -284,9 +284,9 @@ def _check_workers(spec: JobSpec) -> None:
         )
     if scaling.max_workers < 1:
         raise SpecError(f"{key}: expected a positive number, received {scaling.max_workers!r}")
-    if scaling.max_workers > batch:
+    if scaling.max_workers > global_batch:
         raise SpecError(
-            f"{key}: expected at most train.global_batch_size={batch} workers "
+            f"{key}: expected at most train.global_batch_size={global_batch} workers "
             f"(each worker needs at least one row of every batch), received {scaling.max_workers}"
         )
     if scaling.elastic and spec.failure.max_failures == 0:

@@ -2,7 +2,7 @@
 
 Order matters: the strategy is created before any other TensorFlow op (MWMS requires
 it), the replica and optimizer are built inside its scope, and every rank takes part in
-every collective (steps, progress reductions, epoch figures, weight reads) the same number
+every collective (steps, progress reductions, epoch logs, weight reads) the same number
 of times, otherwise the collectives hang. Decisions that gate a collective (progress
 steps, checkpoint saves) are computed identically on every rank from global figures.
 """
@@ -137,7 +137,7 @@ class WorkerRun:
         spec = self.spec
         if self.own:
             self.steps = own_step.OwnSteps(self.strategy, self.model)
-            self.figures = own_step.OwnStepLogs(self.steps, self.reducer, self.rank, self.world)
+            self.epoch_logs = own_step.OwnStepLogs(self.steps, self.reducer, self.rank, self.world)
             return
         self.steps = Steps(
             self.strategy,
@@ -149,7 +149,7 @@ class WorkerRun:
             spec.train.loss_scale,
             spec.train.gradient_accumulation_steps,
         )
-        self.figures = EpochLogs(self.steps, self.reducer, self.rank, self.world)
+        self.epoch_logs = EpochLogs(self.steps, self.reducer, self.rank, self.world)
 
     def _prepare_epochs(self, output_dir: str) -> None:
         spec = self.spec
@@ -198,7 +198,7 @@ class WorkerRun:
                 resumed_from_epoch=self.start_epoch,
                 resumed_from_step=self.start_step,
                 global_step=self.start_epoch * self.steps_per_epoch + self.start_step,
-                memory=self.memory.figures(),
+                memory=self.memory.megabytes(),
             )
         )
 
@@ -212,8 +212,8 @@ class WorkerRun:
         actor, node_id = self.actor, ray.get_runtime_context().get_node_id()
         node = node_id[:8]  # as the console's placement line names it
 
-        def send(figures: dict, step: int, at: float) -> None:
-            actor.system_metrics.remote(node, figures, step, at)
+        def send(metrics: dict, step: int, at: float) -> None:
+            actor.system_metrics.remote(node, metrics, step, at)
 
         def worker_pids() -> list[int]:
             return ray.get(actor.worker_pids.remote(node_id), timeout=5)
@@ -283,7 +283,7 @@ class WorkerRun:
             self.actor.update_worker.remote(
                 self.rank,
                 final_weights_sha256=resume.digest(weights),
-                memory=self.memory.figures(),
+                memory=self.memory.megabytes(),
                 epoch_start_wait_s=self.feed.epoch_start_waits,
             )
         )
@@ -321,8 +321,8 @@ class WorkerRun:
                 self._mark("first_step_done")
             if self.cadence.due(step):
                 seconds = time.perf_counter() - started
-                loss = self.figures.running_loss(step, seconds)  # a collective: every rank calls it
-                self.cadence.observe(self.figures.rank0_seconds, step)
+                loss = self.epoch_logs.running_loss(step, seconds)  # a collective: every rank calls it
+                self.cadence.observe(self.epoch_logs.rank0_seconds, step)
                 self._check_finite(epoch)
                 if self.rank == 0:
                     self.actor.log_progress.remote(
@@ -330,12 +330,12 @@ class WorkerRun:
                     )
                 self.callbacks.on_train_batch_end(step, {"loss": loss})
             if save_every and global_step % save_every == 0:
-                running = {"loss": self.figures.running_loss(step)}
+                running = {"loss": self.epoch_logs.running_loss(step)}
                 self.batch_norm.agree(self.reducer)
                 self.save(resume.snapshot(self.model.weights), epoch, global_step, step, running)
             if resume_every and global_step % resume_every == 0 and step < steps_per_epoch:  # ends: Ray's
                 self.save_resume_point(epoch, step)
-        return self.figures.collect(steps_per_epoch)
+        return self.epoch_logs.collect(steps_per_epoch)
 
     def _callbacks_epoch_end(self, epoch: int, logs: dict) -> str | None:
         """The callbacks see the epoch's global logs with Keras' keys, and may add to them
@@ -375,7 +375,7 @@ class WorkerRun:
     def _check_finite(self, epoch: int) -> None:
         """Every rank sees the same reduced figures, so all stop together, before any save; with
         Keras' TerminateOnNaN the run ends as finished after the epoch instead, as `fit` does."""
-        step = self.figures.nonfinite_step
+        step = self.epoch_logs.nonfinite_step
         if step and self.spec.train.on_nan == "stop" and self.callbacks.ends_on_nan:
             self.callbacks.on_train_batch_end(step, {"loss": float("nan")})  # ends the run after this epoch
         elif step and self.spec.train.on_nan == "stop":
@@ -393,7 +393,7 @@ class WorkerRun:
             self.steps.eval_step(x, outputs.targets_by_output(y, self.output_names, "val"), w)
             self.watchdog.beat()
         replica.reset_states(self.stateful)
-        return self.figures.collect(self.feed.val_steps, prefix="val_")
+        return self.epoch_logs.collect(self.feed.val_steps, prefix="val_")
 
     def save(self, weights: list, epoch: int, step: int, batch: int, logs: dict) -> None:
         """Same decision on every rank (global logs); only rank 0 ships the weights."""

@@ -2,7 +2,7 @@
 
 PSS counts a page shared by k processes as 1/k in each, so arrays read from Ray's object
 store by every worker of a node count once over them, as they cost the node. Linux only
-(`/proc/<pid>/smaps_rollup`); elsewhere the figures are None.
+(`/proc/<pid>/smaps_rollup`); elsewhere they are None.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class MemoryWatch:
             now = pss_bytes() or 0
             self.peak = max(self.peak or 0, now)
 
-    def figures(self) -> dict:
+    def megabytes(self) -> dict:
         """result.json's per-worker memory in MB: PSS before the data, at its peak, and the part of it
         now in Ray's object store (this worker's share of pages the node's workers read together)."""
         if self.before is None:

@@ -3,7 +3,7 @@
 Each worker's loss is Keras' own loss of its rows (masks, sample weights, reduction) divided
 by the *global* divisor (`loss_reduction`), so the gradients summed over workers (by the
 optimizer's all-reduce) equal the gradient one device would compute for the whole global batch. Loss and metric states accumulate locally and are
-summed over workers only when figures are needed (see :class:`EpochLogs`).
+summed over workers only when logs are needed (see :class:`EpochLogs`).
 
 Options for GPU workers: `jit_compile` runs forward and backward as one XLA program (the
 gradient all-reduce and the update stay outside it); `LossScale` is dynamic loss scaling
@@ -236,13 +236,13 @@ class EpochLogs:
         total, summed = self._reduce([v.numpy() for v in variables] + outputs)
         for variable, value in zip(variables, summed, strict=False):
             variable.assign(np.asarray(value).astype(variable.dtype))
-        figures = {prefix + "loss": total / max(steps_done, 1)}
+        logs = {prefix + "loss": total / max(steps_done, 1)}
         for head, value in zip(steps.heads, summed[len(variables) :], strict=False):
-            figures[f"{prefix}{head.name}_loss"] = float(value) / max(steps_done, 1)
+            logs[f"{prefix}{head.name}_loss"] = float(value) / max(steps_done, 1)
         for head in steps.heads:
             for name, metric in head.all_metrics:
-                figures[prefix + name] = float(np.asarray(metric.result()))
-        return figures
+                logs[prefix + name] = float(np.asarray(metric.result()))
+        return logs
 
     def _reduce(self, arrays: list, seconds: float = 0.0) -> tuple[float, list]:
         slots = np.zeros(self._world)

@@ -186,11 +186,11 @@ class Reducer:
 
         self._run = tf.function(lambda flat: strategy.run(replica_sum, args=(flat,)))
 
-    def gather(self, figures: list[int]) -> list[list[int]]:
-        """Every worker's `figures` (the same length on each), by rank: one sum of rank-placed rows."""
+    def gather(self, values: list[int]) -> list[list[int]]:
+        """Every worker's `values` (the same length on each), by rank: one sum of rank-placed rows."""
         context = _train_context()
-        table = np.zeros((context.get_world_size(), len(figures)))
-        table[context.get_world_rank()] = figures
+        table = np.zeros((context.get_world_size(), len(values)))
+        table[context.get_world_rank()] = values
         return self.sum([table])[0].astype(int).tolist()
 
     def sum(self, arrays: list[np.ndarray]) -> list[np.ndarray]:

@@ -8,7 +8,7 @@ hands each sample to the recorder, whose queue to MLflow keeps it through an
 outage like every other figure. The names and units are MLflow's own
 (`mlflow.system_metrics.metrics`); `rayparallel_workers_*` adds the run's own worker
 processes on the node. GPUs are read through NVML (`nvidia-ml-py`); a node without an
-NVIDIA driver has no GPU figures and says nothing about it.
+NVIDIA driver has no GPU metrics and says nothing about it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import psutil
 MB = 1e6
 
 
-def node_figures(network_start: tuple[int, int]) -> dict[str, float]:
+def node_metrics(network_start: tuple[int, int]) -> dict[str, float]:
     """CPU, memory, the root disk, and the network since `network_start` (bytes received, sent)."""
     memory, disk, network = psutil.virtual_memory(), psutil.disk_usage("/"), psutil.net_io_counters()
     return {
@@ -38,7 +38,7 @@ def node_figures(network_start: tuple[int, int]) -> dict[str, float]:
     }
 
 
-def process_figures(processes: dict[int, psutil.Process]) -> dict[str, float]:
+def process_metrics(processes: dict[int, psutil.Process]) -> dict[str, float]:
     """CPU (percent of one core, since the previous call) and resident memory summed over `processes`."""
     cpu = rss = 0.0
     for pid, process in list(processes.items()):
@@ -50,7 +50,7 @@ def process_figures(processes: dict[int, psutil.Process]) -> dict[str, float]:
     return {"rayparallel_workers_cpu_percentage": cpu, "rayparallel_workers_memory_megabytes": rss / MB}
 
 
-def gpu_figures() -> dict[str, float]:
+def gpu_metrics() -> dict[str, float]:
     """Each NVIDIA GPU of the node as MLflow's GPU monitor reports it; none without a driver."""
     try:
         import pynvml
@@ -58,18 +58,18 @@ def gpu_figures() -> dict[str, float]:
         pynvml.nvmlInit()
     except Exception:  # no nvidia-ml-py, no driver, no device: a CPU node
         return {}
-    figures = {}
+    metrics = {}
     for i in range(pynvml.nvmlDeviceGetCount()):
         handle = pynvml.nvmlDeviceGetHandleByIndex(i)
         memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-        figures[f"gpu_{i}_memory_usage_percentage"] = memory.used / memory.total * 100
-        figures[f"gpu_{i}_memory_usage_megabytes"] = memory.used / MB
-        figures[f"gpu_{i}_utilization_percentage"] = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-    return figures
+        metrics[f"gpu_{i}_memory_usage_percentage"] = memory.used / memory.total * 100
+        metrics[f"gpu_{i}_memory_usage_megabytes"] = memory.used / MB
+        metrics[f"gpu_{i}_utilization_percentage"] = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    return metrics
 
 
 class NodeSampler:
-    """Every `interval_s`, the node's figures to `send(figures, step, unix_time)`, and once more at
+    """Every `interval_s`, the node's metrics to `send(metrics, step, unix_time)`, and once more at
     `stop` (a group shorter than the interval is on the tab too).
 
     `worker_pids()` names the run's worker processes on this node, lowest rank first (asked each
@@ -107,10 +107,10 @@ class NodeSampler:
                     self._processes[pid].cpu_percent()
                 except psutil.Error:
                     continue
-        figures = node_figures(self._network_start)
-        figures.update(process_figures(self._processes))
-        figures.update(gpu_figures())
-        return {key: round(value, 1) for key, value in figures.items()}
+        metrics = node_metrics(self._network_start)
+        metrics.update(process_metrics(self._processes))
+        metrics.update(gpu_metrics())
+        return {key: round(value, 1) for key, value in metrics.items()}
 
     def _run(self) -> None:
         while not self._stopped.wait(self.interval_s):

@@ -118,8 +118,8 @@ def plan_trials(spaces: dict[str, Space], samples: int | None, seed: int) -> lis
     rng = random.Random(seed)
     trials = []
     for _ in range(samples or 1):
-        for point in itertools.product(*grid.values()):
-            params = dict(zip(grid, point, strict=True))
+        for values in itertools.product(*grid.values()):
+            params = dict(zip(grid, values, strict=True))
             params.update({key: spaces[key].sample(rng) for key in drawn})
             trials.append(Trial(f"trial-{len(trials):03d}", {key: params[key] for key in spaces}))
     return trials

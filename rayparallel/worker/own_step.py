@@ -74,17 +74,18 @@ def compile_for_own_step(model: keras.Model, optimizer: keras.optimizers.Optimiz
         model.compile(optimizer=optimizer, loss=train.loss, loss_weights=train.loss_weights, metrics=train.metrics)
 
 
-def trial_step(model: keras.Model, batch: tuple, val_batch: tuple | None) -> tuple[list[str], list[str]]:
-    """The model's steps once, in the driver, on one worker's batch: the history keys they give."""
-    keys = _logs_keys(model, "train_step", batch)
-    val_keys = [f"val_{k}" for k in _logs_keys(model, "test_step", val_batch)] if val_batch is not None else []
+def trial_step(model: keras.Model, data: tuple, val_data: tuple | None) -> tuple[list[str], list[str]]:
+    """The model's steps once, in the driver, on one worker's rows (`data`, as Keras names a step's
+    argument): the history keys they give."""
+    keys = _logs_keys(model, "train_step", data)
+    val_keys = [f"val_{k}" for k in _logs_keys(model, "test_step", val_data)] if val_data is not None else []
     return keys, val_keys
 
 
-def _logs_keys(model: keras.Model, step: str, batch: tuple) -> list[str]:
+def _logs_keys(model: keras.Model, step: str, data: tuple) -> list[str]:
     model.reset_metrics()
     try:
-        logs = getattr(model, step)(batch)
+        logs = getattr(model, step)(data)
     except Exception as exc:  # the user's code: any error, named with its first line
         raise ModelError(
             f"model.{step}: expected a step that runs on a batch of (x, y), received {type(exc).__name__}: "

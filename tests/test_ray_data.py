@@ -24,32 +24,29 @@ TWO_EPOCHS = ("mlflow.enabled=false", "train.epochs=2")
 
 
 def test_streams_from_ray_data_train_fits_model(ray_address, tmp_path):
-    """The loader model's streams from Ray Data, stored t-major (2 workers) and stream-major (one file per
-    stream, its validation rows t-major; 1 worker): the weights of plain Keras `fit` on the loader's arrays
-    to 1e-5, its figures every epoch. (The shared in-memory loader: tests/test_keras_inputs.py and the
-    default job; a rank-aware loader: tests/test_equivalence.py.)"""
-    roots = {"": tmp_path / "streams", "mixed": tmp_path / "mixed"}
-    write_sine_streams(roots[""], 6)
-    write_sine_streams(roots["mixed"], 6, stream_major=("train",))
-    assert len(list((roots["mixed"] / "train").iterdir())) == 6
+    """The loader model's streams from Ray Data on 2 workers, training rows stored stream-major (one file per
+    stream), validation rows t-major: the weights of plain Keras `fit` on the loader's arrays to 1e-5, its
+    figures every epoch. (Training rows t-major on 2 workers: the cluster test's Ray Data job against the
+    in-memory one; the shared in-memory loader: tests/test_keras_inputs.py and the default job; a rank-aware
+    loader: tests/test_equivalence.py.)"""
+    root = tmp_path / "mixed"
+    write_sine_streams(root, 6, stream_major=("train",))
+    assert len(list((root / "train").iterdir())) == 6
     model, history = keras_fit_streams(lstm_job("loader", *TWO_EPOCHS))
-    runs = {}
-    for stored, workers in (("", 2), ("mixed", 1)):
-        name = f"raydata{workers}{stored}"
-        spec = ray_data_job(name, roots[stored], f"scaling.num_workers={workers}", *TWO_EPOCHS)
-        runs[name] = rayparallel.train(spec, output_dir=tmp_path / name, verbose=False)
+    spec = ray_data_job("raydata2mixed", root, "scaling.num_workers=2", *TWO_EPOCHS)
+    result = rayparallel.train(spec, output_dir=tmp_path / "raydata2mixed", verbose=False)
 
-    print("seconds:", {name: round(result.seconds, 1) for name, result in runs.items()})
-    for name, result in runs.items():
-        error = max_relative_error(final_weights(result.final_weights, stateful_lstm), model.get_weights())
-        print(f"streams, {name} vs Keras fit on the loader's arrays: max relative weight error {error:.2e}")
-        assert error < 1e-5, name
-        for key, values in history.items():
-            assert [logs[key] for logs in result.history] == pytest.approx(values, rel=1e-4, abs=1e-6), (name, key)
-        assert all(w["memory"]["pss_peak_mb"] >= w["memory"]["pss_before_data_mb"] > 0 for w in result.workers)
-        assert [len(w["epoch_start_wait_s"]) for w in result.workers] == [2] * len(result.workers)  # each epoch's
+    error = max_relative_error(final_weights(result.final_weights, stateful_lstm), model.get_weights())
+    print(
+        f"streams, 2 workers vs Keras fit on the loader's arrays: max relative weight error {error:.2e} ({result.seconds:.1f} s)"
+    )
+    assert error < 1e-5
+    for key, values in history.items():
+        assert [logs[key] for logs in result.history] == pytest.approx(values, rel=1e-4, abs=1e-6), key
+    assert all(w["memory"]["pss_peak_mb"] >= w["memory"]["pss_before_data_mb"] > 0 for w in result.workers)
+    assert [len(w["epoch_start_wait_s"]) for w in result.workers] == [2] * len(result.workers)  # each epoch's
     window = sine_streams(6)["x_train"].shape[1:]
-    assert [w["batch_shape"] for w in runs["raydata2"].workers] == [[[3, *window]]] * 2
+    assert [w["batch_shape"] for w in result.workers] == [[[3, *window]]] * 2
 
 
 def test_shuffle_from_ray_data_uses_each_row_once_and_finishes_with_uneven_shares(ray_address, tmp_path):

@@ -257,6 +257,7 @@ def test_valid_jobs_pass_validation():
     assert rayparallel.validate(CNN, ["scaling.num_workers=2"]).per_worker_batch_size == 4
 
 
+@pytest.mark.slow  # a whole CLI process up to the driver's checks (15 s); the same line in-process above is fast
 def test_cli_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path):
     job = tmp_path / "job.yaml"
     job.write_text(

@@ -273,6 +273,10 @@ def test_a_second_run_is_refused_ctrl_c_ends_the_run_cleanly_and_a_dead_recorder
     job.write_text(__import__("yaml").safe_dump(long))
     out = tmp_path / "out"
     cli, seen = training_cli(job, out, ray_address)
+    run_json = out / "run.json"  # complete once it names the MLflow run (created after the first step)
+    deadline = time.monotonic() + 120
+    while json.loads(run_json.read_text())["mlflow_run_id"] is None and time.monotonic() < deadline:
+        time.sleep(0.2)
     before = {name: (out / name).read_bytes() for name in ("run.json", "job.yaml")}
     second = subprocess.run(  # the same job again into the live run's folder
         [sys.executable, "-m", "rayparallel.cli", "train", str(job), "--output-dir", str(out)],

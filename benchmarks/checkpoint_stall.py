@@ -104,6 +104,7 @@ def _logged_models(tracking, expected: int, timeout: float = 120) -> int:
     """How many checkpoints the recorder's delivery thread logged as models (waits for all, up to `timeout`)."""
     from mlflow.tracking import MlflowClient
 
+    print(f"waiting for the recorder to log the {expected} checkpoints as MLflow models (up to {timeout:.0f} s)")
     client = MlflowClient(tracking.tracking_uri)
     experiment = client.get_experiment_by_name(tracking.experiment).experiment_id
     deadline, found = time.monotonic() + timeout, 0

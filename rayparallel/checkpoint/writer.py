@@ -7,6 +7,8 @@ actor runs it in its own `io` thread while training goes on.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import tempfile
 import threading
@@ -100,6 +102,22 @@ class CheckpointWriter:
         model = build_model(self.spec.model, batch_size)
         model.load_weights(str(path))
         return model
+
+    def prepare(self) -> threading.Thread:
+        """Builds the base model in a thread, beside the workers' start: otherwise the first save (and the
+        run's end, which waits for the final file) waits for TensorFlow's import and the build, seconds.
+        An error is left for the first save, which raises it where it is reported. The thread runs at a
+        lower priority (Linux schedules threads alone), so it takes the CPU the workers' start leaves idle."""
+
+        def build() -> None:
+            with contextlib.suppress(OSError, AttributeError):  # not Linux: the normal priority
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+            with contextlib.suppress(Exception):  # the user's builder: `write` calls it again and reports
+                self.base_model()
+
+        thread = threading.Thread(target=build, name="rayparallel-writer-prepare", daemon=True)
+        thread.start()
+        return thread
 
     def base_model(self) -> keras.Model:
         with self._model_lock:

@@ -80,6 +80,7 @@ class RunRecorder:
         add_search_path(search_path)
         self._spec = spec
         self._writer = self.writer_class(spec, Path(checkpoint_dir))
+        self._writer.prepare()
         self._run_folder = Path(run_folder) if run_folder else None  # Ray's run folder, when on a file system
         self._events = EventLog()
         self._data_warnings: set[str] = set()  # Ray Data's warnings shown, by `warning_key`

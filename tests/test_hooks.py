@@ -100,3 +100,16 @@ def test_the_trainer_keeps_ray_trains_callbacks_but_the_cleaner_and_without_data
         assert kept == [type(c).__name__ for c in ray_own._create_default_callbacks() if not isinstance(c, unneeded)]
         assert "BackendSetupCallback" in kept and "PlacementGroupCleanerCallback" not in kept
         assert ("DatasetsCallback" in kept) == bool(datasets)
+
+
+def test_keras_loss_scaling_is_off_only_while_a_step_is_traced():
+    """A model's own step runs Keras' losses without the 1/replicas scaling, and only inside the block: a
+    later run in the same process (or the driver's checks) gets Keras' own functions back."""
+    from rayparallel.worker.own_step import one_process_losses
+
+    losses = hook("keras_losses")
+    keras_own = losses.scale_loss_for_distribution, losses.unscale_loss_for_distribution
+    with one_process_losses():
+        assert (losses.scale_loss_for_distribution(3.0), losses.unscale_loss_for_distribution(3.0)) == (3.0, 3.0)
+        assert losses.scale_loss_for_distribution is not keras_own[0]
+    assert (losses.scale_loss_for_distribution, losses.unscale_loss_for_distribution) == keras_own

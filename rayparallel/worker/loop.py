@@ -124,7 +124,6 @@ class WorkerRun:
         compile_objects.accumulate_schedule(self.optimizer, spec.train.gradient_accumulation_steps)
         compress_gradients(self.optimizer, spec.train.gradient_compression)
         if self.own:
-            own_step.one_process_losses()
             average_over_workers(self.optimizer, self.world)  # before: clipping acts on the mean
         clip_after_all_reduce(self.optimizer)  # after: clipping acts on the summed, cast-back gradient
         replica.seed_per_rank(self.model, spec.train.seed, self.rank)

@@ -16,6 +16,8 @@ log (a raw loss tensor) the value of the epoch's last step, averaged over the wo
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -107,11 +109,18 @@ def first_rows(structure: Any, rows: int) -> Any:
     return keras.tree.map_structure(lambda array: np.asarray(array)[:rows], structure)
 
 
-def one_process_losses() -> None:
-    """Keras' losses scale by 1/replicas under `tf.distribute` and its trackers scale back: off, so the
-    model's step computes what it computes in one process (the gradients are averaged instead)."""
+@contextlib.contextmanager
+def one_process_losses() -> Iterator[None]:
+    """Keras' losses scale by 1/replicas under `tf.distribute` and its trackers scale back: off while the
+    model's step is traced in this block, so it computes what it computes in one process (the gradients
+    are averaged instead). Only in the block: the process may trace another run's step afterwards."""
     losses = hook("keras_losses")
+    before = losses.scale_loss_for_distribution, losses.unscale_loss_for_distribution
     losses.scale_loss_for_distribution = losses.unscale_loss_for_distribution = _unchanged
+    try:
+        yield
+    finally:
+        losses.scale_loss_for_distribution, losses.unscale_loss_for_distribution = before
 
 
 def _unchanged(value: Any) -> Any:
@@ -155,14 +164,16 @@ class OwnSteps:
         self.train_step = KeepsLast(tf.function(lambda x, y, w: strategy.run(train_replica, args=(x, y, w))))
         self.eval_step = KeepsLast(tf.function(lambda x, y, w: strategy.run(eval_replica, args=(x, y, w))))
 
-    def _global_losses(self, y: Any) -> Any:
-        """Keras' losses in the model's step over the global batch's divisors (a padding mask's count over all
-        workers), times the workers: the gradients are averaged (`loss_reduction`)."""
+    @contextlib.contextmanager
+    def _global_losses(self, y: Any) -> Iterator[None]:
+        """Keras' losses in the model's step as in one process, over the global batch's divisors (a padding
+        mask's count over all workers), times the workers: the gradients are averaged (`loss_reduction`)."""
         import keras
 
         rows = int(keras.tree.flatten(y)[0].shape[0])
         world = self.strategy.num_replicas_in_sync
-        return global_batch_reduction(rows * world, rows, averaged=True)
+        with one_process_losses(), global_batch_reduction(rows * world, rows, averaged=True):
+            yield
 
     def step(self, global_step: int) -> Any:
         return self.train_step

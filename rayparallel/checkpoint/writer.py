@@ -103,7 +103,7 @@ class CheckpointWriter:
         model.load_weights(str(path))
         return model
 
-    def prepare(self) -> threading.Thread:
+    def prepare(self) -> None:
         """Builds the base model in a thread, beside the workers' start: otherwise the first save (and the
         run's end, which waits for the final file) waits for TensorFlow's import and the build, seconds.
         An error is left for the first save, which raises it where it is reported. The thread runs at a
@@ -115,9 +115,7 @@ class CheckpointWriter:
             with contextlib.suppress(Exception):  # the user's builder: `write` calls it again and reports
                 self.base_model()
 
-        thread = threading.Thread(target=build, name="rayparallel-writer-prepare", daemon=True)
-        thread.start()
-        return thread
+        threading.Thread(target=build, name="rayparallel-writer-prepare", daemon=True).start()
 
     def base_model(self) -> keras.Model:
         with self._model_lock:

@@ -77,8 +77,10 @@ def default_job_runs(ray_address, tmp_path_factory):
     return DefaultJobRuns(tmp_path_factory.mktemp("default-job"), ray_address)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory):
+    """One real `mlflow server` for the session (each start migrates a new sqlite store: about 15 s);
+    tests keep apart by experiment and registered-model names of their own."""
     server = MlflowServer(tmp_path_factory.mktemp("mlflow"))
     try:
         yield server

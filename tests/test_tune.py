@@ -39,7 +39,7 @@ def rows(out) -> list[dict]:
 def test_asha_sweep_one_parent_run_a_child_per_trial_best_exported(ray_address, mlflow_server, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    job = lstm_job("tune-asha", "scaling.num_workers=1", "train.epochs=6", "data.kwargs.windows=1000")
+    job = lstm_job("tune-asha", "scaling.num_workers=1", "train.epochs=6", "data.kwargs.windows=200")
     job["mlflow"] = {
         "tracking_uri": mlflow_server.uri,
         "experiment": "rp-tune",

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import REPO, MlflowServer, cli, final_weights
+from .helpers import REPO, SESSION_CPUS, MlflowServer, cli, final_weights
+
+SHARED: list = []  # the session's shared workers, once a test asked for them
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -36,7 +38,7 @@ def ray_address():
     os.chdir(REPO)
     ray.init(
         address="local",
-        num_cpus=4,
+        num_cpus=SESSION_CPUS,
         include_dashboard=False,
         log_to_driver=False,
         runtime_env={"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2"}},
@@ -45,6 +47,30 @@ def ray_address():
         yield ray.get_runtime_context().gcs_address
     finally:
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def shared_workers(ray_address, tmp_path_factory):
+    """Two workers kept up for 2-worker runs (`rayparallel/cluster/shared_workers.py`, `helpers.train_shared`):
+    a short run's new processes and their imports are most of its time. Modules in a row that use them
+    share them; a module that does not gets their CPUs back (`_shared_workers_closed_elsewhere`)."""
+    from rayparallel.cluster.shared_workers import SharedWorkers
+
+    workers = SharedWorkers(2, str(tmp_path_factory.mktemp("shared-workers")))
+    SHARED.append(workers)
+    try:
+        yield workers
+    finally:
+        workers.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _shared_workers_closed_elsewhere(request):
+    """First of a module's fixtures: a module whose tests do not use the shared workers gets their CPUs
+    (they start again when a later test uses them)."""
+    uses = any("shared_workers" in item.fixturenames for item in request.session.items if item.module is request.module)
+    if SHARED and not uses:
+        SHARED[0].close()
 
 
 class DefaultJobRuns:

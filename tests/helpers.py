@@ -27,6 +27,23 @@ def cli(*args: str, env: dict | None = None, cwd: Path = REPO, timeout: float = 
     )
 
 
+SESSION_CPUS = 4  # the session's local Ray (conftest.ray_address): 3 workers fit on 2 cores
+
+
+def train_shared(shared, spec, overrides=(), **kwargs):
+    """`rayparallel.train` on the session's shared workers (`conftest.shared_workers`) when the run fits
+    them; else beside them when the CPUs they leave suffice (they idle between runs), else after closing them."""
+    from rayparallel.cluster.run import run_job
+    from rayparallel.spec import load_spec
+
+    job = load_spec(spec, list(overrides))
+    if shared.refusal(job) is None:
+        return run_job(spec, overrides=list(overrides), workers=shared, **kwargs)
+    if job.scaling.num_workers > SESSION_CPUS - shared.num_workers or job.data.dataset is not None:
+        shared.close()
+    return run_job(spec, overrides=list(overrides), **kwargs)
+
+
 def final_weights(path: str, builder: Callable) -> list[np.ndarray]:
     """A run's weights file loaded into the base model built for batch 1 (any batch loads)."""
     model = builder(batch_size=1)

@@ -8,9 +8,7 @@ import math
 
 import pytest
 
-import rayparallel
-
-from .helpers import final_weights, job, keras_fit, max_relative_error
+from .helpers import final_weights, job, keras_fit, max_relative_error, train_shared
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +30,7 @@ def with_callbacks(callbacks: list, epochs: int = 12) -> dict:
     )
 
 
-def test_early_stopping_plateau_and_writers_act_as_in_keras_fit(ray_address, tmp_path):
+def test_early_stopping_plateau_and_writers_act_as_in_keras_fit(shared_workers, tmp_path):
     import keras
 
     from tests.models import dense_regressor, linear_rows
@@ -53,7 +51,7 @@ def test_early_stopping_plateau_and_writers_act_as_in_keras_fit(ray_address, tmp
                 {"class": "tests.callbacks:EveryRankRecorder", "kwargs": {"path": str(out / "every-rank.jsonl")}},
             ]
         )
-        result = rayparallel.train(spec, overrides=[f"scaling.num_workers={workers}"], output_dir=out, verbose=False)
+        result = train_shared(shared_workers, spec, [f"scaling.num_workers={workers}"], output_dir=out, verbose=False)
         error = max_relative_error(final_weights(result.final_weights, dense_regressor), oracle.get_weights())
         print(
             f"EarlyStopping + ReduceLROnPlateau: {workers} workers vs Keras fit, max relative weight error {error:.2e}"
@@ -89,10 +87,10 @@ def scalars(folder, tag: str) -> list[float]:
     return [found[step] for step in sorted(found)]
 
 
-def test_scheduler_and_terminate_on_nan_end_the_run_as_finished(ray_address, tmp_path):
+def test_scheduler_and_terminate_on_nan_end_the_run_as_finished(shared_workers, tmp_path):
     schedule = {"class_name": "LearningRateScheduler", "config": {"schedule": "tests.callbacks:halve_then_explode"}}
     spec = with_callbacks([schedule, "TerminateOnNaN"], epochs=6)
-    result = rayparallel.train(spec, overrides=["scaling.num_workers=2"], output_dir=tmp_path / "nan", verbose=False)
+    result = train_shared(shared_workers, spec, ["scaling.num_workers=2"], output_dir=tmp_path / "nan", verbose=False)
     rates = [epoch["learning_rate"] for epoch in result.history]
     assert rates[:4] == pytest.approx([0.02, 0.02, 0.01, 0.005]) and rates[4] == math.inf  # as the schedule says
     assert len(result.history) == 5 and not math.isfinite(result.history[-1]["loss"])  # NaN in epoch 5: the end

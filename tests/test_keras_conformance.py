@@ -15,7 +15,7 @@ import pytest
 import rayparallel
 from rayparallel.errors import RayParallelError
 
-from .helpers import REPO, final_weights, keras_fit, max_relative_error
+from .helpers import REPO, final_weights, keras_fit, max_relative_error, train_shared
 
 MODELS = "tests.conformance_models"
 
@@ -151,7 +151,7 @@ def fit_oracle(build, data: dict):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", [c for c in CASES if not c.refused], ids=lambda c: c.builder)
-def test_rayparallel_trains_fits_model(ray_address, tmp_path, case):
+def test_rayparallel_trains_fits_model(shared_workers, tmp_path, case):
     import inspect
 
     from tests import conformance_models
@@ -161,9 +161,8 @@ def test_rayparallel_trains_fits_model(ray_address, tmp_path, case):
     batch = {"global_batch_size": 8} if "global_batch_size" in inspect.signature(load).parameters else {}
     model, history = fit_oracle(build, load(**case.kwargs, **batch))
     for workers in case.workers:
-        result = rayparallel.train(
-            spec(case), overrides=[f"scaling.num_workers={workers}"], output_dir=tmp_path / str(workers), verbose=False
-        )
+        overrides = [f"scaling.num_workers={workers}"]
+        result = train_shared(shared_workers, spec(case), overrides, output_dir=tmp_path / str(workers), verbose=False)
         error = max_relative_error(final_weights(result.final_weights, build), model.get_weights(), floor=1e-3)
         print(f"{case.builder}, {workers} workers vs Keras fit: max relative weight error {error:.2e}")
         assert error < 1e-5

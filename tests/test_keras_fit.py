@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import pytest
 
-import rayparallel
-
-from .helpers import final_weights, job, keras_fit, max_relative_error
+from .helpers import final_weights, job, keras_fit, max_relative_error, train_shared
 
 pytestmark = pytest.mark.slow
 
 SCHEDULE = {"initial_learning_rate": 0.0, "decay_steps": 30, "warmup_target": 0.05, "warmup_steps": 6}
 
 
-def assert_same_as_fit(spec: dict, builder, model, history: dict, tmp_path, label: str, counts=(2,)) -> None:
-    """The run on each worker count in `counts` (2: the promise, N workers train what `fit` trains)."""
+def assert_same_as_fit(shared, spec: dict, builder, model, history: dict, tmp_path, label: str, counts=(2,)) -> None:
+    """The run on each worker count in `counts` (2: the promise, N workers train what `fit` trains), on the
+    session's `shared` workers where it fits them."""
     for workers in counts:
         out = tmp_path / f"{spec['name']}-{workers}"
-        result = rayparallel.train(spec, overrides=[f"scaling.num_workers={workers}"], output_dir=out, verbose=False)
+        result = train_shared(shared, spec, [f"scaling.num_workers={workers}"], output_dir=out, verbose=False)
         error = max_relative_error(final_weights(result.final_weights, builder), model.get_weights())
         print(f"{label}: {workers} workers vs Keras fit, max relative weight error {error:.2e}")
         assert error < 1e-5
@@ -27,7 +26,7 @@ def assert_same_as_fit(spec: dict, builder, model, history: dict, tmp_path, labe
             assert [epoch[key] for epoch in result.history] == pytest.approx(values, rel=1e-4), key
 
 
-def test_schedule_global_clipnorm_accumulation_and_sample_weights(ray_address, tmp_path):
+def test_schedule_global_clipnorm_accumulation_and_sample_weights(shared_workers, tmp_path):
     """Keras clips before its all-reduce (each worker's share); rayparallel clips the summed
     gradient, as one device does. Accumulation updates every 2 batches, weights scale each row."""
     import keras
@@ -54,10 +53,12 @@ def test_schedule_global_clipnorm_accumulation_and_sample_weights(ray_address, t
         sample_weight=data["sample_weight_train"],
     )
     label = "schedule + clip + accumulation + weights"
-    assert_same_as_fit(spec, dense_regressor, model, history, tmp_path, label, counts=(1, 2))  # clip: where they differ
+    assert_same_as_fit(
+        shared_workers, spec, dense_regressor, model, history, tmp_path, label, counts=(1, 2)
+    )  # clip: where they differ
 
 
-def test_class_weights_with_weight_decay_and_clipvalue(ray_address, tmp_path):
+def test_class_weights_with_weight_decay_and_clipvalue(shared_workers, tmp_path):
     import keras
 
     from tests.models import blobs, small_cnn
@@ -76,10 +77,10 @@ def test_class_weights_with_weight_decay_and_clipvalue(ray_address, tmp_path):
     optimizer = keras.optimizers.AdamW(0.01, weight_decay=0.05, clipvalue=0.5)
     compile_args = dict(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     model, history = keras_fit(small_cnn, blobs(), compile_args, class_weight=weights)
-    assert_same_as_fit(spec, small_cnn, model, history, tmp_path, "class weights, AdamW, clipvalue")
+    assert_same_as_fit(shared_workers, spec, small_cnn, model, history, tmp_path, "class weights, AdamW, clipvalue")
 
 
-def test_two_outputs_with_losses_weights_and_metrics_per_output(ray_address, tmp_path):
+def test_two_outputs_with_losses_weights_and_metrics_per_output(shared_workers, tmp_path):
     import keras
 
     from tests.models import levels_and_kinds, two_outputs
@@ -100,4 +101,4 @@ def test_two_outputs_with_losses_weights_and_metrics_per_output(ray_address, tmp
     compile_args = dict(optimizer=keras.optimizers.Adam(0.02), loss=losses, loss_weights=loss_weights, metrics=metrics)
     model, history = keras_fit(two_outputs, levels_and_kinds(), compile_args)
     assert {"loss", "level_loss", "kind_loss", "level_mae", "kind_accuracy", "val_kind_loss"} <= set(history)
-    assert_same_as_fit(spec, two_outputs, model, history, tmp_path, "two outputs")
+    assert_same_as_fit(shared_workers, spec, two_outputs, model, history, tmp_path, "two outputs")

@@ -10,7 +10,7 @@ import pytest
 
 import rayparallel
 
-from .helpers import final_weights, job, keras_fit_streams, max_relative_error
+from .helpers import final_weights, job, keras_fit_streams, max_relative_error, train_shared
 
 pytestmark = pytest.mark.slow
 
@@ -40,13 +40,15 @@ def check_against(result, weights, history):
     return error
 
 
-def test_tf_data_with_validation_and_an_infinite_one_train_fits_model(ray_address, tmp_path):
+def test_tf_data_with_validation_and_an_infinite_one_train_fits_model(shared_workers, tmp_path):
     from tests.models import small_cnn, tf_data_blobs
 
     data = tf_data_blobs(8)
     weights, history = fit_oracle(data["x_train"], data["x_val"])
     spec = job("tf-data", "small_cnn", "tf_data_blobs", {}, optimizer=SGD, epochs=2, **COMPILE)
-    result = rayparallel.train(spec, overrides=["scaling.num_workers=2"], output_dir=tmp_path / "finite", verbose=False)
+    result = train_shared(
+        shared_workers, spec, ["scaling.num_workers=2"], output_dir=tmp_path / "finite", verbose=False
+    )
     print(f"tf.data, 2 workers vs Keras fit: {check_against(result, weights, history):.2e}")
     # repeat(): read on across epochs, as fit does with steps_per_epoch; through rayparallel.fit, which takes
     # the function that builds the pipeline (a tf.data.Dataset cannot be sent): every worker calls it
@@ -66,7 +68,7 @@ def test_tf_data_with_validation_and_an_infinite_one_train_fits_model(ray_addres
     print(f"tf.data repeat() by rayparallel.fit, 2 workers vs Keras fit: {check_against(result, weights, history):.2e}")
 
 
-def test_a_pydataset_of_png_files_trains_fits_model(ray_address, tmp_path):
+def test_a_pydataset_of_png_files_trains_fits_model(shared_workers, tmp_path):
     from tests.models import CountedImages, write_images
 
     write_images(tmp_path)
@@ -75,7 +77,7 @@ def test_a_pydataset_of_png_files_trains_fits_model(ray_address, tmp_path):
     spec = job("pydataset", "small_cnn", "png_images", {"folder": str(tmp_path)}, optimizer=SGD, epochs=2, **COMPILE)
     spec["checkpoint"] = {"monitor": "loss"}
     calls_log.unlink()
-    result = rayparallel.train(spec, overrides=["scaling.num_workers=2"], output_dir=tmp_path / "out", verbose=False)
+    result = train_shared(shared_workers, spec, ["scaling.num_workers=2"], output_dir=tmp_path / "out", verbose=False)
     print(f"PyDataset, 2 workers vs Keras fit: {check_against(result, weights, history):.2e}")
     calls = collections.Counter(int(line) for line in calls_log.read_text().split())
     batches = 64 // 8
@@ -85,7 +87,7 @@ def test_a_pydataset_of_png_files_trains_fits_model(ray_address, tmp_path):
     assert sum(calls.values()) == 2 * batches + 2 and set(calls) == set(range(batches)), calls
 
 
-def test_a_stateful_lstm_fed_by_timeseries_dataset_from_array_trains_fits_model(ray_address, tmp_path):
+def test_a_stateful_lstm_fed_by_timeseries_dataset_from_array_trains_fits_model(shared_workers, tmp_path):
     """Streams built by `timeseries_dataset_from_array`: the same batches as `sine_streams`' arrays, so
     `fit` on those arrays (states reset where rayparallel resets them) is the oracle."""
     import numpy as np
@@ -97,7 +99,7 @@ def test_a_stateful_lstm_fed_by_timeseries_dataset_from_array_trains_fits_model(
     assert np.array_equal(np.concatenate([x for x, _ in batches]), arrays["x_train"])  # row i: stream i
     spec = lstm_job("timeseries", "data.loader=tests.models:timeseries_streams", "train.epochs=3")
     model, history = keras_fit_streams(lstm_job("arrays", "train.epochs=3"))  # fit on sine_streams' arrays
-    result = rayparallel.train(spec, overrides=["scaling.num_workers=2"], output_dir=tmp_path / "out", verbose=False)
+    result = train_shared(shared_workers, spec, ["scaling.num_workers=2"], output_dir=tmp_path / "out", verbose=False)
     error = max_relative_error(final_weights(result.final_weights, stateful_lstm), model.get_weights())
     print(f"timeseries_dataset_from_array streams, 2 workers vs Keras fit: {error:.2e}")
     assert error < 1e-5

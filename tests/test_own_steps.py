@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-import rayparallel
-
-from .helpers import final_weights, job, keras_fit, max_relative_error
+from .helpers import final_weights, job, keras_fit, max_relative_error, train_shared
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +23,7 @@ pytestmark = pytest.mark.slow
     ],
 )
 def test_own_steps_and_compiled_builders_train_fits_model_on_2_workers(
-    ray_address, tmp_path, builder, train, compile_args
+    shared_workers, tmp_path, builder, train, compile_args
 ):
     import keras
 
@@ -35,7 +33,7 @@ def test_own_steps_and_compiled_builders_train_fits_model_on_2_workers(
     spec = job(builder, builder, "linear_rows", {}, epochs=2, **train)
     args = {"optimizer": keras.optimizers.SGD(0.05)} if compile_args else None
     model, history = keras_fit(build, models.linear_rows(), args, 2)
-    result = rayparallel.train(spec, overrides=["scaling.num_workers=2"], output_dir=tmp_path / "out", verbose=False)
+    result = train_shared(shared_workers, spec, ["scaling.num_workers=2"], output_dir=tmp_path / "out", verbose=False)
     error = max_relative_error(final_weights(result.final_weights, build), model.get_weights())
     print(f"{builder}, 2 workers vs Keras fit: max relative weight error {error:.2e}")
     assert error < 1e-5

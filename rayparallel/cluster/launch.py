@@ -51,6 +51,8 @@ from .stall import StallWatch
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
+    from .shared_workers import SharedRun, SharedWorkers
+
 
 @dataclass(frozen=True)
 class Launch:
@@ -72,6 +74,7 @@ class Launch:
     datasets: dict = field(default_factory=dict)  # Ray Data: the lazy datasets, by split, for Ray Train
     inputs: list[dict] = field(default_factory=list)  # the datasets as MLflow records them
     settings: dict = field(default_factory=dict)  # train: keys left out, as used, for MLflow's params
+    workers: SharedWorkers | None = None  # a worker group kept up for several runs; None: the run's own
 
     @property
     def spec(self) -> JobSpec:
@@ -178,8 +181,17 @@ def _start_recorder(run: Launch) -> ActorHandle:
     return actor
 
 
-def _trainer(run: Launch, actor: ActorHandle, scaling_config: ScalingConfig) -> DataParallelTrainer:
+def _trainer(run: Launch, actor: ActorHandle, scaling_config: ScalingConfig) -> DataParallelTrainer | SharedRun:
     spec = run.spec
+    config = {
+        "spec": spec,
+        "actor": actor,
+        "search_path": run.search_path,
+        "output_dir": str(run.output_dir),
+        "source": run.source or DataSource(rank_aware=True),
+    }
+    if run.workers is not None:
+        return run.workers.run(config)
     data_options = {}
     if run.datasets:
         stored = run.source.datasets.stored  # each split's order of rows, found by the driver
@@ -189,13 +201,7 @@ def _trainer(run: Launch, actor: ActorHandle, scaling_config: ScalingConfig) -> 
     return trainer_class()(
         train_loop_per_worker,
         backend_config=TensorflowBackendConfig(),
-        train_loop_config={
-            "spec": spec,
-            "actor": actor,
-            "search_path": run.search_path,
-            "output_dir": str(run.output_dir),
-            "source": run.source or DataSource(rank_aware=True),
-        },
+        train_loop_config=config,
         **data_options,
         scaling_config=scaling_config,
         run_config=RunConfig(
@@ -285,7 +291,7 @@ def _conclude(run: Launch, actor: ActorHandle, error: BaseException | None, job_
 
 
 def _run_with_progress(
-    trainer: DataParallelTrainer, actor: ActorHandle, show: Callable[[Event], None], watch: StallWatch
+    trainer: DataParallelTrainer | SharedRun, actor: ActorHandle, show: Callable[[Event], None], watch: StallWatch
 ) -> BaseException | None:
     """`trainer.fit()` in a thread; this thread shows the actor's events until it ends, and says
     when they stop coming (`StallWatch`)."""

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ..result import TrainResult
     from ..spec import JobSpec
     from .preflight import Preflight
+    from .shared_workers import SharedWorkers
 
 
 @contextlib.contextmanager
@@ -126,11 +127,12 @@ def run_job(
     resume: bool | None = None,
     started_at: float | None = None,
     on_epoch: Callable[[int, dict], str | None] | None = None,
+    workers: SharedWorkers | None = None,
 ) -> TrainResult:
     """Train the job (`spec` with `overrides`) into `output_dir` (default `runs/<name>`): see
     `rayparallel.train` and the module doc. `started_at` is the start-up clock's origin (the
-    CLI's: when its process started); `on_epoch` sees every epoch's logs here and may end the run.
-    """
+    CLI's: when its process started); `on_epoch` sees every epoch's logs here and may end the run;
+    `workers` runs it on a worker group kept up for several runs (`shared_workers`)."""
     from .connect import check_capacity_where_known
     from .launch import Launch, launch, shared_with_workers
     from .run_state import plan_run
@@ -142,6 +144,8 @@ def run_job(
     job = load_spec(spec, overrides)
     output_dir = Path(output_dir if output_dir is not None else Path("runs") / job.name).resolve()
     plan = plan_run(job, overrides, output_dir, resume)
+    if workers is not None:
+        workers.check(plan.spec, plan.point)
     if plan.changed:
         printer(verbose)(
             f"rayparallel: resuming the job recorded in {output_dir / 'job.yaml'}, not the given one, which differs "
@@ -169,6 +173,7 @@ def run_job(
             datasets=checks.datasets,
             inputs=checks.inputs,
             settings=checks.settings,
+            workers=workers,
         )
         del checks  # the driver keeps no copy of a loader's arrays: they are in the object store
         return launch(run)

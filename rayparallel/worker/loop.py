@@ -57,18 +57,21 @@ def train_loop_per_worker(config: dict) -> None:
     with contextlib.ExitStack() as stack:
         if spec.data.dataset is not None:  # Ray Data's warnings (a starved read) reach the console
             stack.enter_context(ray_data_warnings_sent(actor.data_warning.remote))
-        WorkerRun(spec, actor, config["output_dir"], config["source"]).fit()
+        WorkerRun(spec, actor, config["output_dir"], config["source"], config.get("resume_points", True)).fit()
 
 
 class WorkerRun:
     """One worker's run, built in phases whose order matters (each phase's docstring says why)."""
 
-    def __init__(self, spec: JobSpec, actor: ActorHandle, output_dir: str, source: DataSource):
+    def __init__(
+        self, spec: JobSpec, actor: ActorHandle, output_dir: str, source: DataSource, resume_points: bool = True
+    ):
+        """`resume_points=False`: epochs hand Ray Train no checkpoint (a run on shared workers)."""
         import ray.train
 
         context = ray.train.get_context()
         self.rank, self.world = context.get_world_rank(), context.get_world_size()
-        self.spec, self.actor = spec, actor
+        self.spec, self.actor, self.resume_points = spec, actor, resume_points
         self._start_strategy()
         self._open_data(source)
         train = self._build_replica()
@@ -80,11 +83,17 @@ class WorkerRun:
 
     def _start_strategy(self) -> None:
         """First of all TensorFlow: MultiWorkerMirroredStrategy must precede any other TF op."""
+        import ray.train.collective
+
         spec = self.spec
         self._mark("workers_started")
         configure_threads(spec.scaling.resources_per_worker.get("CPU", 1))  # imports TensorFlow
         self._mark("tensorflow_imported")
         self.strategy = make_strategy(spec.scaling.use_gpu)
+        # Every rank has (re)enabled TensorFlow's collectives before any rank starts one. A process that
+        # ran a run before (shared workers) still serves its previous strategy's collectives until it makes
+        # this one: a faster peer's first collective would meet that run's shapes there, or wait forever
+        ray.train.collective.barrier()
         self.watchdog = StepWatchdog(
             spec.run.collective_timeout_s, lambda reason: self.actor.note_failure.remote(self.rank, reason)
         )
@@ -172,7 +181,7 @@ class WorkerRun:
         actor, local = self.actor, self.spec.run.local_storage
         self.run_folder = ray.get(actor.run_folder.remote()) if local else None
         found = ray.get(actor.resume_point.remote()) if local else None
-        point = resume.read_point(found, None if local else ray.train.get_checkpoint())
+        point = resume.read_point(found, None if local else ray.train.get_checkpoint()) if self.resume_points else None
         arrays, meta = point or ({}, {"epoch": 0, "history": []})
         if point:
             resume.restore(arrays, meta, self.strategy, self.model, self.optimizer)
@@ -260,7 +269,7 @@ class WorkerRun:
             if self.spec.checkpoint.save_freq == "epoch":
                 self.save(weights, epoch, epoch * self.steps_per_epoch, self.steps_per_epoch, logs)
             checkpoint = None
-            if self.rank == 0:
+            if self.rank == 0 and self.resume_points:
                 meta = {"epoch": epoch, "history": self.history}
                 checkpoint = resume.to_checkpoint(weights, optimizer_values, meta)
             ray.train.report(

@@ -1,0 +1,179 @@
+"""One Ray Train worker group for several runs in turn: many short runs from one process.
+
+Every run starts five processes (its recorder, Ray Train's controller and synchronization
+actor, the workers), and on a small machine their imports are most of a short run:
+TensorFlow with Keras takes about 10 s of CPU in each new process, Ray Train 2.4 s.
+`SharedWorkers` keeps one worker group up and runs each job's worker loop on it in turn;
+everything else of a run (its checks, recorder, files, MLflow run, result) is its own, as
+for any run. Between runs each worker clears Keras' session; each run builds its own
+strategy, replica and optimizer, as a run does in a new process, and no worker starts a
+collective before every worker has made the run's strategy (the barrier in `worker/loop.py`).
+
+What a shared group cannot do is refused in one line (`check`): another worker count or
+resources, Ray Data (a group's datasets are fixed when it starts), elastic scaling, resume
+points (each run's epochs would be named alike in the group's one Ray Train run). A run
+that fails ends the group (a failed collective leaves TensorFlow unusable in its
+processes); the next run starts a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import uuid
+from typing import TYPE_CHECKING
+
+import ray
+
+from ..errors import RayParallelError
+
+if TYPE_CHECKING:
+    from ..spec import JobSpec
+    from .run_state import ResumePoint
+
+
+@ray.remote(num_cpus=0)
+class RunQueue:
+    """The runs handed to the group, in order; every worker takes each one and says when it is done."""
+
+    def __init__(self):
+        self.configs: list[dict | None] = []
+        self.finished: dict[int, set[int]] = {}
+        self.changed = asyncio.Condition()
+
+    async def put(self, config: dict | None) -> int:
+        async with self.changed:
+            self.configs.append(config)
+            self.changed.notify_all()
+            return len(self.configs) - 1
+
+    async def take(self, index: int) -> dict | None:
+        async with self.changed:
+            await self.changed.wait_for(lambda: len(self.configs) > index)
+            return self.configs[index]
+
+    async def done(self, index: int, rank: int) -> None:
+        async with self.changed:
+            self.finished.setdefault(index, set()).add(rank)
+            self.changed.notify_all()
+
+    async def wait_done(self, index: int, workers: int, timeout_s: float) -> bool:
+        """Whether every worker finished run `index` within `timeout_s` (the caller polls)."""
+        async with self.changed:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    self.changed.wait_for(lambda: len(self.finished.get(index, ())) == workers), timeout_s
+                )
+            return len(self.finished.get(index, ())) == workers
+
+
+def serve_runs(config: dict) -> None:
+    """The group's train function: each worker runs the handed runs' worker loops, one after the other."""
+    import keras
+    import ray.train
+
+    from ..worker.loop import train_loop_per_worker
+
+    queue, rank, index = config["queue"], ray.train.get_context().get_world_rank(), 0
+    while (run := ray.get(queue.take.remote(index))) is not None:
+        train_loop_per_worker(run)  # an error ends the group: Ray Train reports it as a run's error
+        keras.backend.clear_session()
+        ray.get(queue.done.remote(index, rank))
+        index += 1
+
+
+class SharedWorkers:
+    """A worker group of `num_workers` kept up for the runs given to `rayparallel.cluster.run.run_job(...,
+    workers=...)`; `close()` ends it. Its Ray Train run keeps no checkpoints (the runs keep theirs)."""
+
+    def __init__(self, num_workers: int, storage_path: str):
+        self.num_workers, self.storage_path = num_workers, storage_path
+        self._queue = None
+        self._thread: threading.Thread | None = None
+        self._outcome: dict = {}
+
+    def refusal(self, spec: JobSpec) -> str | None:
+        """Why the job cannot run on these workers as on a group of its own, in one line; None when it can."""
+        scaling = spec.scaling
+        found = {
+            "scaling.num_workers": (scaling.num_workers, self.num_workers),
+            "scaling.elastic": (scaling.elastic, False),
+            "scaling.use_gpu": (scaling.use_gpu, False),
+            "scaling.resources_per_worker": (scaling.resources_per_worker or {}, {}),
+            "data.dataset": (spec.data.dataset, None),
+            "run.resume_every_n_steps": (spec.run.resume_every_n_steps, None),
+        }
+        for key, (received, expected) in found.items():
+            if received != expected:
+                return f"{key}: expected {expected!r} on shared workers, received {received!r}"
+        return None
+
+    def check(self, spec: JobSpec, point: ResumePoint | None) -> None:
+        """`refusal` as an error; `point`: where the run would resume (a shared group starts runs fresh)."""
+        if point is not None:
+            raise RayParallelError(
+                f"--resume: expected a fresh run on shared workers, received a resume after {point.position}"
+            )
+        reason = self.refusal(spec)
+        if reason:
+            raise RayParallelError(reason)
+
+    def run(self, train_loop_config: dict) -> SharedRun:
+        """One run's worker loops on the group (started now when none is up); `fit()` runs them."""
+        if self._thread is None or not self._thread.is_alive():
+            self._start()
+        return SharedRun(self, dict(train_loop_config, resume_points=False))
+
+    def close(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            ray.get(self._queue.put.remote(None))
+            self._thread.join(timeout=120)
+        self._thread = None
+
+    def _start(self) -> None:
+        from ray.train import CheckpointConfig, RunConfig, ScalingConfig
+        from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+        from ..hooks import env_defaults
+        from .backend import TensorflowBackendConfig
+
+        self._queue, self._outcome = RunQueue.remote(), {}
+        trainer = DataParallelTrainer(
+            serve_runs,
+            backend_config=TensorflowBackendConfig(),
+            train_loop_config={"queue": self._queue},
+            scaling_config=ScalingConfig(num_workers=self.num_workers),
+            run_config=RunConfig(
+                name=f"rayparallel-shared-{uuid.uuid4().hex[:8]}",
+                storage_path=self.storage_path,
+                checkpoint_config=CheckpointConfig(num_to_keep=None),
+            ),
+        )
+        outcome = self._outcome
+
+        def fit() -> None:
+            # Ray Train's controller reads the driver's environment when it starts, inside fit()
+            with env_defaults("train_driver"):
+                try:
+                    trainer.fit()
+                except BaseException as exc:  # handed to the run in progress
+                    outcome["error"] = exc
+
+        self._thread = threading.Thread(target=fit, name="rayparallel-shared-workers", daemon=True)
+        self._thread.start()
+
+
+class SharedRun:
+    """One run on shared workers, shaped as Ray Train's trainer for `launch`: `fit()` blocks until its
+    worker loops end, and raises what Ray Train raised when one failed."""
+
+    def __init__(self, workers: SharedWorkers, config: dict):
+        self.workers, self.config = workers, config
+
+    def fit(self) -> None:
+        workers = self.workers
+        index = ray.get(workers._queue.put.remote(self.config))
+        while not ray.get(workers._queue.wait_done.remote(index, workers.num_workers, 1.0)):
+            if not workers._thread.is_alive():
+                raise workers._outcome.get("error") or RuntimeError("the shared worker group ended")

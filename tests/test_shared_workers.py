@@ -1,0 +1,25 @@
+"""What a worker group kept for several runs (`cluster/shared_workers.py`) refuses, in one line; the runs on
+it are the 2-worker runs against Keras `fit` (tests/test_keras_*.py, test_own_steps.py, test_callbacks.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def test_shared_workers_refuse_in_one_line_what_they_cannot_run_as_its_own_group():
+    from rayparallel.cluster.run_state import ResumePoint
+    from rayparallel.cluster.shared_workers import SharedWorkers
+    from rayparallel.errors import RayParallelError
+    from rayparallel.spec import load_spec
+    from tests.models import lstm_job
+
+    shared = SharedWorkers(2, "unused")
+    assert shared.refusal(load_spec(lstm_job("shared"))) is None
+    three = load_spec(lstm_job("shared", "scaling.num_workers=3"))
+    assert shared.refusal(three) == "scaling.num_workers: expected 2 on shared workers, received 3"
+    steps = load_spec(lstm_job("shared", "run.resume_every_n_steps=5"))
+    assert shared.refusal(steps) == "run.resume_every_n_steps: expected None on shared workers, received 5"
+    with pytest.raises(RayParallelError, match="^--resume: expected a fresh run on shared workers, received a resume"):
+        shared.check(load_spec(lstm_job("shared")), ResumePoint(2, "epoch 2", Path("."), []))

@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import ray
@@ -123,7 +126,14 @@ class SharedWorkers:
         """One run's worker loops on the group (started now when none is up); `fit()` runs them."""
         if self._thread is None or not self._thread.is_alive():
             self._start()
-        return SharedRun(self, dict(train_loop_config, resume_points=False))
+        return SharedRun(functools.partial(self._train, dict(train_loop_config, resume_points=False)))
+
+    def _train(self, config: dict) -> None:
+        """Hand the run to every worker, and wait (polling whether the group still lives) until all are done."""
+        index = ray.get(self._queue.put.remote(config))
+        while not ray.get(self._queue.wait_done.remote(index, self.num_workers, 1.0)):
+            if not self._thread.is_alive():
+                raise self._outcome.get("error") or RuntimeError("the shared worker group ended")
 
     def close(self) -> None:
         if self._thread is not None and self._thread.is_alive():
@@ -164,16 +174,9 @@ class SharedWorkers:
         self._thread.start()
 
 
+@dataclass(frozen=True)
 class SharedRun:
     """One run on shared workers, shaped as Ray Train's trainer for `launch`: `fit()` blocks until its
     worker loops end, and raises what Ray Train raised when one failed."""
 
-    def __init__(self, workers: SharedWorkers, config: dict):
-        self.workers, self.config = workers, config
-
-    def fit(self) -> None:
-        workers = self.workers
-        index = ray.get(workers._queue.put.remote(self.config))
-        while not ray.get(workers._queue.wait_done.remote(index, workers.num_workers, 1.0)):
-            if not workers._thread.is_alive():
-                raise workers._outcome.get("error") or RuntimeError("the shared worker group ended")
+    fit: Callable[[], None]

@@ -52,16 +52,32 @@ def ray_address():
 @pytest.fixture(scope="session")
 def shared_workers(ray_address, tmp_path_factory):
     """Two workers kept up for 2-worker runs (`rayparallel/cluster/shared_workers.py`, `helpers.train_shared`):
-    a short run's new processes and their imports are most of its time. Modules in a row that use them
-    share them; a module that does not gets their CPUs back (`_shared_workers_closed_elsewhere`)."""
+    a short run's new processes and their imports are most of its time. The modules that use them run in
+    one block (`pytest_collection_modifyitems`); a module after it gets their CPUs back
+    (`_shared_workers_closed_elsewhere`)."""
     from rayparallel.cluster.shared_workers import SharedWorkers
 
-    workers = SharedWorkers(2, str(tmp_path_factory.mktemp("shared-workers")))
+    # half a CPU each: they idle while another test's run trains (tests run one at a time), so a 3-worker
+    # run fits beside them on the session's 4 CPUs
+    workers = SharedWorkers(2, str(tmp_path_factory.mktemp("shared-workers")), resources_per_worker={"CPU": 0.5})
     SHARED.append(workers)
     try:
         yield workers
     finally:
         workers.close()
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The modules whose tests use the shared workers run one after another, where the first of them would
+    run: one worker group for all of them instead of one started again after every other module."""
+    shared = [item for item in items if "shared_workers" in item.fixturenames]
+    if not shared:
+        return
+    modules = {item.path for item in shared}
+    block = [item for item in items if item.path in modules]
+    start = next(i for i, item in enumerate(items) if item.path in modules)
+    rest = [item for item in items if item.path not in modules]
+    items[:] = rest[:start] + block + rest[start:]
 
 
 @pytest.fixture(scope="module", autouse=True)

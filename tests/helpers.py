@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -39,7 +40,8 @@ def train_shared(shared, spec, overrides=(), **kwargs):
     job = load_spec(spec, list(overrides))
     if shared.refusal(job) is None:
         return run_job(spec, overrides=list(overrides), workers=shared, **kwargs)
-    if job.scaling.num_workers > SESSION_CPUS - shared.num_workers or job.data.dataset is not None:
+    held = shared.num_workers * shared.resources_per_worker["CPU"]
+    if job.scaling.num_workers + (job.data.dataset is not None) > SESSION_CPUS - held:  # Ray Data: a CPU to read
         shared.close()
     return run_job(spec, overrides=list(overrides), **kwargs)
 
@@ -112,12 +114,10 @@ class MlflowServer:
                 time.sleep(0.5)
         raise RuntimeError(f"mlflow server not healthy after {timeout}s; see {self.log.name}")
 
-    def stop(self) -> None:
-        """Stop only this server (its own process group)."""
-        import signal
-
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop only this server (its own process group); SIGKILL: lost at once, as a crashed host."""
         if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
+            os.killpg(self.process.pid, sig)
             try:
                 self.process.wait(timeout=20)
             except Exception:

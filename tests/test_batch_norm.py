@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-import rayparallel
-
-from .helpers import final_weights, job, keras_fit, max_relative_error
+from .helpers import final_weights, job, keras_fit, max_relative_error, train_shared
 
 pytestmark = pytest.mark.slow
 
 
-def test_global_statistics_train_fits_model_on_2_and_3_workers_and_local_ones_keep_ranks_equal(ray_address, tmp_path):
+def test_global_statistics_train_fits_model_on_2_and_3_workers_and_local_ones_keep_ranks_equal(
+    shared_workers, tmp_path
+):
     """SGD, no bias before BN, two epochs of 12 steps: the moving statistics (in the weights
     compared) and the validation figures (which normalize with them) follow `fit`'s."""
     import keras
@@ -33,7 +33,7 @@ def test_global_statistics_train_fits_model_on_2_and_3_workers_and_local_ones_ke
     model, history = keras_fit(batch_norm_cnn, blobs(), dict(optimizer=keras.optimizers.SGD(0.1), **compile_args), 2)
     for workers, mode in ((2, "global"), (3, "global"), (2, "local")):  # 3: shards of 3, 3 and 2
         sets = [f"scaling.num_workers={workers}", f"train.batch_norm={mode}"]
-        result = rayparallel.train(spec, overrides=sets, output_dir=tmp_path / f"{mode}-{workers}", verbose=False)
+        result = train_shared(shared_workers, spec, sets, output_dir=tmp_path / f"{mode}-{workers}", verbose=False)
         error = max_relative_error(final_weights(result.final_weights, batch_norm_cnn), model.get_weights())
         print(f"batch_norm {mode}, {workers} workers vs Keras fit: max relative weight error {error:.2e}")
         assert len({w["final_weights_sha256"] for w in result.workers}) == 1, result.workers  # one model

@@ -12,7 +12,7 @@ import rayparallel
 from rayparallel.errors import RayParallelError, RunFailedError
 from tests.models import lstm_job
 
-from .helpers import cli
+from .helpers import cli, train_shared
 
 LSTM = lstm_job(
     "ckpt-lstm",
@@ -26,9 +26,8 @@ LSTM = lstm_job(
 
 
 @pytest.fixture(scope="module")
-def trained(ray_address, tmp_path_factory):
-    out = tmp_path_factory.mktemp("ckpt")
-    return rayparallel.train(LSTM, output_dir=out, verbose=False)
+def trained(shared_workers, tmp_path_factory):
+    return train_shared(shared_workers, LSTM, output_dir=tmp_path_factory.mktemp("ckpt"), verbose=False)
 
 
 @pytest.mark.slow

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-import rayparallel
 from tests.models import lstm_job
 
-from .helpers import final_weights, keras_fit_streams, max_relative_error
+from .helpers import final_weights, keras_fit_streams, max_relative_error, train_shared
 
 pytestmark = pytest.mark.slow
 
@@ -32,16 +31,14 @@ CNN = {
 }
 
 
-def run(spec, tmp_path, workers, cpus):
-    return rayparallel.train(
-        spec,
-        overrides=[f"scaling.num_workers={workers}", f"scaling.resources_per_worker.CPU={cpus}"],
-        output_dir=tmp_path / f"{spec['name']}-{workers}",
-        verbose=False,
-    )
+def run(shared, spec, tmp_path, workers, *overrides):
+    """A run on the session's shared workers where it fits them (`helpers.train_shared`), else its own."""
+    name = f"{spec['name']}-{workers}"
+    sets = [f"scaling.num_workers={workers}", *overrides]
+    return train_shared(shared, spec, sets, output_dir=tmp_path / name, verbose=False)
 
 
-def test_stateful_lstm_streams_3_workers_train_fits_model(ray_address, tmp_path):
+def test_stateful_lstm_streams_3_workers_train_fits_model(shared_workers, tmp_path):
     """16 streams on 3 workers is 6, 5 and 5: a worker count need not divide the global batch. The 3 workers
     read through a rank-aware loader (each only its own streams): they train the model plain Keras `fit`
     trains on all 16 in one process. (1 worker: tests/test_cluster.py's elastic run; 2 workers on streams:
@@ -50,7 +47,7 @@ def test_stateful_lstm_streams_3_workers_train_fits_model(ray_address, tmp_path)
 
     model, history = keras_fit_streams(LSTM)
     rank_aware = dict(LSTM, data={**LSTM["data"], "loader": "tests.models:sine_streams_shard"})
-    three = run(rank_aware, tmp_path, 3, 1)
+    three = run(shared_workers, rank_aware, tmp_path, 3)
     error = max_relative_error(final_weights(three.final_weights, stateful_lstm), model.get_weights())
     print(f"lstm streams: 3 workers (rank-aware loader) vs Keras fit, max relative weight error {error:.2e}")
     assert error < 1e-5
@@ -62,19 +59,14 @@ def test_stateful_lstm_streams_3_workers_train_fits_model(ray_address, tmp_path)
     assert history["loss"][-1] < history["loss"][0]
 
 
-def test_stateless_cnn_shuffle_2_workers_with_xla_train_the_1_worker_model(ray_address, tmp_path):
+def test_stateless_cnn_shuffle_2_workers_with_xla_train_the_1_worker_model(shared_workers, tmp_path):
     """The shuffled CNN on 2 workers with `train.jit_compile: true` (XLA, the GPU default) against 1 worker
     without it: the same weights and global figures (a shuffled order is rayparallel's own, so 1 worker is
     the reference here; every other layout has plain Keras `fit` as its oracle)."""
     from tests.models import small_cnn
 
-    one = run(CNN, tmp_path, 1, 1)
-    two = rayparallel.train(
-        CNN,
-        overrides=["scaling.num_workers=2", "scaling.resources_per_worker.CPU=1", "train.jit_compile=true"],
-        output_dir=tmp_path / "xla",
-        verbose=False,
-    )
+    one = run(shared_workers, CNN, tmp_path, 1)
+    two = run(shared_workers, CNN, tmp_path, 2, "train.jit_compile=true")
     error = max_relative_error(final_weights(two.final_weights, small_cnn), final_weights(one.final_weights, small_cnn))
     print(f"cnn shuffle: 2 workers with XLA vs 1 without, max relative weight error {error:.2e}")
     assert error < 1e-5

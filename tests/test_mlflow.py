@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -12,11 +13,10 @@ import time
 import numpy as np
 import pytest
 
-import rayparallel
 from tests.models import lstm_job
 
 from . import browser
-from .helpers import MlflowServer
+from .helpers import MlflowServer, train_shared
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ LSTM = lstm_job("mlflow-lstm", "train.epochs=3", "train.progress_every_n_steps=2
 
 
 def test_run_is_complete_in_a_real_server_and_leaks_no_credential(
-    ray_address, mlflow_server, tmp_path, capsys, monkeypatch
+    shared_workers, mlflow_server, tmp_path, capsys, monkeypatch
 ):
     from mlflow.tracking import MlflowClient
 
@@ -42,7 +42,7 @@ def test_run_is_complete_in_a_real_server_and_leaks_no_credential(
         },
         checkpoint={"keep": 1},  # the best by val_loss and the newest
     )
-    result = rayparallel.train(spec, output_dir=tmp_path / "out", verbose=True)
+    result = train_shared(shared_workers, spec, output_dir=tmp_path / "out", verbose=True)
     console = capsys.readouterr()
     assert "MLflow run" in console.out and password not in console.out + console.err
     leaking = [p for p in (tmp_path / "out").rglob("*") if p.is_file() and password.encode() in p.read_bytes()]
@@ -59,6 +59,7 @@ def test_run_is_complete_in_a_real_server_and_leaks_no_credential(
     )
     params = run.data.params
     assert params["train.global_batch_size"] == "6" and params["num_workers"] == "2"
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "num_workers")] == [2]  # at its start
     assert params["per_worker_batch_size"] == "3" and params["version.keras"].startswith("3.")
     assert run.data.tags["team"] == "tests" and run.data.tags["rayparallel.num_nodes"] == "1"
     assert run.data.tags["rayparallel.ray_run_name"].startswith("mlflow-lstm-")
@@ -149,11 +150,15 @@ model = mlflow.pyfunc.load_model("models:/rp-lstm@champion")
 print(np.asarray(model.predict(np.zeros((1, 5, 2), "float32"))).shape)"""
 
 
-def test_server_down_mid_run_training_completes_and_says_what_was_not_logged(ray_address, tmp_path, capsys):
+def test_server_down_mid_run_training_completes_and_says_what_was_not_logged(shared_workers, tmp_path, capsys):
     (tmp_path / "srv").mkdir()
     server = MlflowServer(tmp_path / "srv")
     settings = {"experiment": "rp-down", "flush_timeout_s": 3, "log_checkpoints": True, "system_metrics_interval_s": 1}
-    spec = dict(LSTM, mlflow={"tracking_uri": server.uri, **settings})
+    # 5 epochs of 298 steps: the run trains on for seconds after the server is gone (its MLflow run is created
+    # a few seconds into training), so the failure is met and said while it trains, not only at its end
+    epochs = 5
+    spec = dict(lstm_job("mlflow-down", f"train.epochs={epochs}", "data.kwargs.windows=300"))
+    spec["mlflow"] = {"tracking_uri": server.uri, **settings}
 
     def stop_when_run_exists():
         from mlflow.tracking import MlflowClient
@@ -162,30 +167,29 @@ def test_server_down_mid_run_training_completes_and_says_what_was_not_logged(ray
         while True:
             experiment = client.get_experiment_by_name("rp-down")
             if experiment and client.search_runs([experiment.experiment_id]):
-                return server.stop()
+                return server.stop(signal.SIGKILL)  # no graceful end that holds a request until it times out
             time.sleep(0.2)
 
     stopper = threading.Thread(target=stop_when_run_exists, daemon=True)
     stopper.start()
     try:
-        result = rayparallel.train(spec, output_dir=tmp_path / "out", verbose=True)
+        result = train_shared(shared_workers, spec, output_dir=tmp_path / "out", verbose=True)
     finally:
         server.stop()
     out = capsys.readouterr().out
-    assert len(result.history) == 3 and (tmp_path / "out" / "checkpoints" / "final.weights.h5").exists()
+    assert len(result.history) == epochs and (tmp_path / "out" / "checkpoints" / "final.weights.h5").exists()
     assert out.count("WARNING MLflow: cannot log to") == 1
     assert "Traceback" not in out
     assert "metrics" in result.mlflow["unlogged"]
     unlogged = json.loads((tmp_path / "out" / "mlflow_unlogged.json").read_text())
     metrics = [r for r in unlogged["records"] if r["kind"] == "metrics"]
-    assert {r["step"] for r in metrics if "loss" in r["metrics"]} == {1, 2, 3}  # the epochs' logs
+    assert {r["step"] for r in metrics if "loss" in r["metrics"]} == set(range(1, epochs + 1))  # the epochs' logs
     assert unlogged["run_id"] == result.mlflow["run_id"]
     assert unlogged["last_error"].split(":")[0] in {r["kind"] for r in unlogged["records"]}  # one left unlogged
     assert f"({unlogged['last_error']})" in out  # the console says why, once
-    assert {"num_workers": 2.0} in [r["metrics"] for r in metrics if r["step"] == 0]  # the worker count at start
     assert f"the records are in {tmp_path / 'out' / 'mlflow_unlogged.json'}" in out
     assert [r["file"] for r in unlogged["records"] if r["kind"] == "checkpoint"] == [
-        f"epoch-{epoch:03d}.weights.h5" for epoch in (1, 2, 3)
+        f"epoch-{epoch:03d}.weights.h5" for epoch in range(1, epochs + 1)
     ]  # each a logged model when the server is back: kept, not lost
     assert any(key.startswith("system/") for r in metrics for key in r["metrics"])  # the samples too
 

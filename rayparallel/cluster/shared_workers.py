@@ -90,8 +90,9 @@ class SharedWorkers:
     """A worker group of `num_workers` kept up for the runs given to `rayparallel.cluster.run.run_job(...,
     workers=...)`; `close()` ends it. Its Ray Train run keeps no checkpoints (the runs keep theirs)."""
 
-    def __init__(self, num_workers: int, storage_path: str):
+    def __init__(self, num_workers: int, storage_path: str, resources_per_worker: dict | None = None):
         self.num_workers, self.storage_path = num_workers, storage_path
+        self.resources_per_worker = resources_per_worker or {"CPU": 1}  # what each held worker asks Ray for
         self._queue = None
         self._thread: threading.Thread | None = None
         self._outcome: dict = {}
@@ -153,7 +154,7 @@ class SharedWorkers:
             serve_runs,
             backend_config=TensorflowBackendConfig(),
             train_loop_config={"queue": self._queue},
-            scaling_config=ScalingConfig(num_workers=self.num_workers),
+            scaling_config=ScalingConfig(num_workers=self.num_workers, resources_per_worker=self.resources_per_worker),
             run_config=RunConfig(
                 name=f"rayparallel-shared-{uuid.uuid4().hex[:8]}",
                 storage_path=self.storage_path,

@@ -123,7 +123,7 @@ def _fit(run: Launch) -> TrainResult:
             error = _run_with_progress(trainer, actor, partial(_show, run, actor, say, progress), watch)
         result = _conclude(run, actor, error, job_file)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from `ray job stop` (see cli)
-        _end(actor, "KILLED", [job_file])
+        _end(run, actor, "KILLED", [job_file])
         _record(run, "KILLED")
         say(interrupted("train", run.output_dir, "MLflow run marked KILLED"))
         raise
@@ -233,10 +233,14 @@ def _show(run: Launch, actor: ActorHandle, say: Say, progress: ConsoleProgress |
             actor.request_stop.remote(reason)
 
 
-def _end(actor: ActorHandle, status: str, files: list[Path]) -> dict | None:
-    """The recorder's last writes and its MLflow run ended; returns what the MLflow run became."""
+def _end(run: Launch, actor: ActorHandle, status: str, files: list[Path]) -> dict | None:
+    """The recorder's last writes and its MLflow run ended; returns what the MLflow run became, whose id
+    `_record` then keeps for --resume: a short run can end before its `TrackingStarted` event was shown."""
     ray.get(actor.writes_done.remote())  # saves rank 0 handed over before a failure are good epochs: keep them
-    return ray.get(actor.finish.remote(status, [str(f) for f in files]))
+    tracking = ray.get(actor.finish.remote(status, [str(f) for f in files]))
+    if tracking and tracking.get("run_id"):
+        run.plan.state.mlflow_run_id = tracking["run_id"]
+    return tracking
 
 
 def _record(run: Launch, status: str) -> None:
@@ -248,7 +252,7 @@ def _record(run: Launch, status: str) -> None:
 def _conclude(run: Launch, actor: ActorHandle, error: BaseException | None, job_file: Path) -> TrainResult:
     """The run's result, written; or, when the trainer failed, the error a user can act on."""
     if error is not None:
-        _end(actor, "FAILED", [job_file])
+        _end(run, actor, "FAILED", [job_file])
         _record(run, "FAILED")
         reason = user_error(error, run.storage_path)
         if isinstance(reason, WriteError):  # a disk that failed mid-run is not bad input; the run resumes
@@ -284,7 +288,7 @@ def _conclude(run: Launch, actor: ActorHandle, error: BaseException | None, job_
         stopped=summary.stopped,
     )
     result_file = result.write()
-    result.mlflow = _end(actor, "FINISHED", [job_file, result_file]) or {}
+    result.mlflow = _end(run, actor, "FINISHED", [job_file, result_file]) or {}
     result.write()
     _record(run, "FINISHED")
     return result

@@ -157,7 +157,7 @@ def test_server_down_mid_run_training_completes_and_says_what_was_not_logged(sha
     # 5 epochs of 298 steps: the run trains on for seconds after the server is gone (its MLflow run is created
     # a few seconds into training), so the failure is met and said while it trains, not only at its end
     epochs = 5
-    spec = dict(lstm_job("mlflow-down", f"train.epochs={epochs}", "data.kwargs.windows=300"))
+    spec = lstm_job("mlflow-down", f"train.epochs={epochs}", "data.kwargs.windows=300")
     spec["mlflow"] = {"tracking_uri": server.uri, **settings}
 
     def stop_when_run_exists():

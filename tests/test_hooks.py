@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from rayparallel.hooks import (
@@ -103,13 +104,16 @@ def test_the_trainer_keeps_ray_trains_callbacks_but_the_cleaner_and_without_data
 
 
 def test_keras_loss_scaling_is_off_only_while_a_step_is_traced():
-    """A model's own step runs Keras' losses without the 1/replicas scaling, and only inside the block: a
-    later run in the same process (or the driver's checks) gets Keras' own functions back."""
-    from rayparallel.worker.own_step import one_process_losses
+    """Every step runs Keras' losses without the 1/replicas scaling, and only inside the block: a later run in
+    the same process (or the driver's checks) gets Keras' own functions back. The loss trackers' values are
+    scaled by global batch / (workers x rows): 1 with even shards, so summed states give the global mean."""
+    from rayparallel.worker.loss_reduction import global_batch_losses
 
     losses = hook("keras_losses")
     keras_own = losses.scale_loss_for_distribution, losses.unscale_loss_for_distribution
-    with one_process_losses():
+    with global_batch_losses(8, 4, 2):
         assert (losses.scale_loss_for_distribution(3.0), losses.unscale_loss_for_distribution(3.0)) == (3.0, 3.0)
         assert losses.scale_loss_for_distribution is not keras_own[0]
+    with global_batch_losses(7, 3, 2):  # rows 4 and 3: the 3-row worker's loss counts 7/6 per row
+        assert float(losses.unscale_loss_for_distribution(np.float32(6.0))) == pytest.approx(7.0)
     assert (losses.scale_loss_for_distribution, losses.unscale_loss_for_distribution) == keras_own

@@ -93,17 +93,14 @@ def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
     names = outputs.output_names(model)
     y_train = outputs.targets_by_output(data.targets, names, "train")
     y_val = outputs.targets_by_output(data.val_targets, names, "val") if data.val_targets is not None else None
-    if own:
-        rows = spec.per_worker_batch_size
-        own_step.compile_for_own_step(model, optimizer, train)
-        val = own_step.first_rows((data.val_features, y_val), rows) if y_val is not None else None
-        train_keys, val_keys = own_step.trial_step(model, own_step.first_rows((data.features, y_train), rows), val)
-    else:
-        heads = outputs.make_heads(train, model, y_train)
-        if data.weighted:
-            check_weights(model, heads, (data.features, y_train, data.weights), spec.per_worker_batch_size)
-        train_keys = outputs.epoch_keys(heads)
-        val_keys = [f"val_{k}" for k in train_keys] if y_val is not None else []
+    if not own:
+        outputs.check_settings(train, model, y_train)
+    compiled.compile_model(model, optimizer, train)
+    rows = spec.per_worker_batch_size
+    if data.weighted and not own:
+        check_weights(model, outputs.first_rows((data.features, y_train, data.weights), rows), train.loss)
+    val = outputs.first_rows((data.val_features, y_val), rows) if y_val is not None else None
+    train_keys, val_keys = own_step.trial_step(model, outputs.first_rows((data.features, y_train), rows), val, own)
     check_accumulation(spec, data.steps)
     scale = [LOSS_SCALE] if spec.train.loss_scale else []
     keys = train_keys + list(THROUGHPUT) + scale + val_keys
@@ -198,20 +195,25 @@ def _opened_keras_input(spec: JobSpec, out: dict, batch: int, rank_aware: bool) 
     )
 
 
-def check_weights(model: keras.Model, heads: list, rows: tuple, per_worker: int) -> None:
-    """Each output's loss once on one worker's rows with their sample weights, as the step calls it: weights of
+def check_weights(model: keras.Model, rows: tuple, loss: Any) -> None:
+    """The model's loss once on one worker's rows with their sample weights, as the step calls it: weights of
     a shape Keras' loss cannot apply (one per row for a loss per token) fail here, in one line, as in `fit`."""
-    x, y, w = own_step.first_rows(rows, per_worker)
+    x, y, w = rows
     y_pred = model(x, training=False)
-    for head, y_k, p_k in zip(heads, outputs.listed(y, heads), outputs.listed(y_pred, heads), strict=True):
-        try:
-            head.loss(y_k, p_k, w)
-        except Exception as exc:  # TensorFlow's shape errors, whatever their class
-            raise DataError(
-                f"data.loader: expected sample weights the loss {head.loss.name!r} can apply to its values (one per row, "
-                f"or per element of a loss per token, as fit takes them), received shape {np.shape(w)} "
-                f"({type(exc).__name__}: {first_line(exc)})"
-            ) from None
+    try:
+        model.compute_loss(x, y, y_pred, sample_weight=w, training=False)
+    except Exception as exc:  # TensorFlow's shape errors, whatever their class
+        raise DataError(
+            f"data.loader: expected sample weights the loss {_named(loss)} can apply to its values (one per row, or "
+            f"per element of a loss per token, as fit takes them), received shape {np.shape(w)} "
+            f"({type(exc).__name__}: {first_line(exc)})"
+        ) from None
+
+
+def _named(loss: Any) -> str:
+    if outputs.per_output(loss):
+        return str({name: _named(value) for name, value in loss.items()})
+    return repr(compile_objects.make_loss(loss).name)
 
 
 def check_inputs(model: keras.Model, x: Any, key: str = "data.x") -> None:

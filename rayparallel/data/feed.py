@@ -84,7 +84,7 @@ class Feed:
     steps: int  # training steps per epoch, the same on every worker
     val_steps: int  # 0: no validation data
     sample_x: Any  # features of some rows, as the source gives them (a model's own step is built on them)
-    sample_y: Any  # training targets of those rows (the heads are checked on them)
+    sample_y: Any  # training targets of those rows (compile's loss and metrics are built on them)
     baselines: dict
 
     def __init__(self) -> None:

@@ -45,6 +45,19 @@ def resolve(train: TrainSpec, model: keras.Model, check: bool = True) -> TrainSp
     return dataclasses.replace(train, **settings)
 
 
+def compile_model(model: keras.Model, optimizer: keras.optimizers.Optimizer, train: TrainSpec) -> None:
+    """A model its builder did not compile gets the job's settings, as `compile` would give them: every
+    step reads the model's `compute_loss`, `compute_metrics` and `metrics` (a model's own also `self.optimizer`)."""
+    if not model.compiled:
+        model.compile(
+            optimizer=optimizer,
+            loss=train.loss,
+            loss_weights=train.loss_weights,
+            metrics=train.metrics,
+            weighted_metrics=train.weighted_metrics,
+        )
+
+
 def described(given: TrainSpec, used: TrainSpec) -> dict[str, str]:
     """The settings `train:` left out, as they were used (the compile's or the defaults), for MLflow's params."""
     return {

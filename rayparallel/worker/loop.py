@@ -26,7 +26,7 @@ from ..errors import NonFiniteLossError
 from ..logs import LOSS_SCALE, OWN_KEYS
 from ..model import build_model
 from ..result import WorkerInfo
-from ..spec import JobSpec, TrainSpec
+from ..spec import JobSpec
 from ..spec.references import add_search_path
 from ..spec.schema import rank_rows
 from . import compile_objects, compiled, outputs, own_step, replica, resume
@@ -74,8 +74,8 @@ class WorkerRun:
         self.spec, self.actor, self.resume_points = spec, actor, resume_points
         self._start_strategy()
         self._open_data(source)
-        train = self._build_replica()
-        self._build_steps(train)
+        self._build_replica()
+        self._build_steps()
         self._prepare_epochs(output_dir)
         self._restore()
         self._register()
@@ -114,9 +114,9 @@ class WorkerRun:
         self.feed = open_feed(source, spec, self.rank, self.world, self.reducer.gather)
         self._mark("data_loaded")
 
-    def _build_replica(self) -> TrainSpec:
-        """The replica, its optimizer and (for its own step) compile's objects inside the strategy's scope;
-        then the optimizer's all-reduce wrappers, in the order the comments give."""
+    def _build_replica(self) -> None:
+        """The replica, its optimizer and compile's loss and metrics inside the strategy's scope; then the
+        optimizer's all-reduce wrappers, in the order the comments give."""
         spec = self.spec
         with self.strategy.scope(), replica.kept_local(self.batch_local):
             self.model = build_model(spec.model, self.per_worker, spec.train.dtype_policy)
@@ -125,22 +125,21 @@ class WorkerRun:
             self.optimizer = compile_objects.make_optimizer(train.optimizer)
             self.output_names = names = outputs.output_names(self.model)
             self.sample_y = outputs.targets_by_output(self.feed.sample_y, names, "train")
-            if self.own:  # its step reads self.optimizer and compile's loss and metrics, built before its trace
-                own_step.compile_for_own_step(self.model, self.optimizer, train)
-                batch = own_step.first_rows((self.feed.sample_x, self.sample_y), self.per_worker)
-                self.model._symbolic_build(data_batch=batch)
+            # every step reads compile's loss and metrics (a model's own also self.optimizer): built before its trace
+            compiled.compile_model(self.model, self.optimizer, train)
+            self.model._symbolic_build(
+                data_batch=outputs.first_rows((self.feed.sample_x, self.sample_y), self.per_worker)
+            )
             self.optimizer.build(self.model.trainable_variables)  # not lazily inside the compiled step
         compile_objects.accumulate_schedule(self.optimizer, spec.train.gradient_accumulation_steps)
         compress_gradients(self.optimizer, spec.train.gradient_compression)
-        if self.own:
-            average_over_workers(self.optimizer, self.world)  # before: clipping acts on the mean
+        average_over_workers(self.optimizer, self.world)  # before: clipping acts on the mean
         clip_after_all_reduce(self.optimizer)  # after: clipping acts on the summed, cast-back gradient
         replica.seed_per_rank(self.model, spec.train.seed, self.rank)
         self.batch_norm = BatchNormSync(self.model, spec.train.batch_norm, self.world)  # before the step's trace
         self._mark("replica_built")
-        return train
 
-    def _build_steps(self, train: TrainSpec) -> None:
+    def _build_steps(self) -> None:
         """The compiled steps (ours, or the model's own) and the figures they give."""
         spec = self.spec
         if self.own:
@@ -151,7 +150,6 @@ class WorkerRun:
             self.strategy,
             self.model,
             self.optimizer,
-            outputs.make_heads(train, self.model, self.sample_y),
             self.global_batch,
             replica.use_jit(spec.train.jit_compile, self.model),
             spec.train.loss_scale,

@@ -14,8 +14,10 @@ A divisor known from shapes alone (no mask, no weights in it) is scaled by globa
 worker rows when the step is traced; one that depends on the data (a mask's count, the
 weights' sum) is summed over the workers: one scalar collective per loss and step.
 
-A model's own step averages the workers' gradients instead of summing them (`own_step`): its
-losses are the same shares times the number of workers, whose mean is the global loss.
+Every step (ours and a model's own) averages the workers' gradients (`sync.average_over_workers`),
+as each worker runs Keras' step code as one process runs it: its losses are these shares times the
+number of workers, whose mean is the global loss, and the regularizers (added whole on each worker)
+average to themselves.
 """
 
 from __future__ import annotations
@@ -36,19 +38,37 @@ _traced = threading.local()  # (global batch, this worker's rows) while one of o
 
 
 @contextlib.contextmanager
-def global_batch_reduction(global_batch: int, rows: int, averaged: bool = False) -> Iterator[None]:
-    """While a step on this worker's `rows` is traced in this block, Keras' losses divide by global
-    divisors (see module doc); `averaged`: the step averages its gradients over the workers.
+def global_batch_losses(global_batch: int, rows: int, world: int) -> Iterator[None]:
+    """While a step on this worker's `rows` is traced in this block, Keras' losses compute what they
+    compute in one process, over the global batch's divisors (module doc), times the `world` of workers.
 
-    Outside it (the driver's checks, anything else in the process) Keras' reduction is unchanged.
+    Keras scales losses by 1/replicas under `tf.distribute` (`scale_loss_for_distribution`): off. Its
+    loss trackers take `unscale_loss_for_distribution(loss)` weighted by this worker's rows: scaled by
+    global batch / (world x rows), so their states summed over the workers are the global batch's mean
+    with uneven shards too (1 with even ones). Only in the block: the driver's checks, and another
+    run's step traced later in the process, get Keras' own functions.
     """
     _install()
-    before = getattr(_traced, "batches", None)
-    _traced.batches = (global_batch, rows, averaged)
+    losses = hook("keras_losses")
+    before = getattr(_traced, "batches", None), losses.scale_loss_for_distribution, losses.unscale_loss_for_distribution
+    tracked = global_batch / (world * rows)
+    _traced.batches = (global_batch, rows)
+    losses.scale_loss_for_distribution = _unchanged
+    losses.unscale_loss_for_distribution = _unchanged if tracked == 1 else _scaled_by(tracked)
     try:
         yield
     finally:
-        _traced.batches = before
+        _traced.batches, losses.scale_loss_for_distribution, losses.unscale_loss_for_distribution = before
+
+
+def _unchanged(value: Any) -> Any:
+    return value
+
+
+def _scaled_by(factor: float) -> Any:
+    from keras import ops
+
+    return lambda value: ops.multiply(value, ops.cast(factor, value.dtype))
 
 
 def keras_loss(identifier: Any) -> keras.losses.Loss:
@@ -68,7 +88,7 @@ def _install() -> None:
 
         def reduce_weighted_values(values, sample_weight=None, mask=None, reduction="sum_over_batch_size", dtype=None):
             batches = getattr(_traced, "batches", None)
-            if batches is None or reduction not in MEANS:
+            if batches is None or reduction not in (*MEANS, "sum"):
                 return keras_reduce(values, sample_weight, mask, reduction, dtype)
             return _globally(keras_reduce, batches, values, sample_weight, mask, reduction, dtype)
 
@@ -76,15 +96,18 @@ def _install() -> None:
         module.reduce_weighted_values = reduce_weighted_values
 
 
-def _globally(keras_reduce, batches: tuple[int, int, bool], values, sample_weight, mask, reduction: str, dtype):
-    """Keras' weighted sum of this worker's values over the global divisor (times the workers, `averaged`)."""
+def _globally(keras_reduce, batches: tuple[int, int], values, sample_weight, mask, reduction: str, dtype):
+    """Keras' weighted sum of this worker's values over the global divisor, times the workers."""
     import tensorflow as tf
 
-    share = _share(keras_reduce, batches, values, sample_weight, mask, reduction, dtype)
-    return share * tf.distribute.get_strategy().num_replicas_in_sync if batches[2] else share
+    if reduction == "sum":  # this worker's sum is its share of the global batch's
+        share = keras_reduce(values, sample_weight, mask, reduction, dtype)
+    else:
+        share = _share(keras_reduce, batches, values, sample_weight, mask, reduction, dtype)
+    return share * tf.distribute.get_strategy().num_replicas_in_sync
 
 
-def _share(keras_reduce, batches: tuple[int, int, bool], values, sample_weight, mask, reduction: str, dtype):
+def _share(keras_reduce, batches: tuple[int, int], values, sample_weight, mask, reduction: str, dtype):
     import tensorflow as tf
     from keras import ops
 

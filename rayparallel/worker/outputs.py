@@ -1,15 +1,15 @@
-"""A model's outputs and what `compile` gives each: its loss, loss weight and metrics.
+"""A model's outputs and what `compile` gives each: its loss, loss weight and metrics, checked.
 
 One output is the common case (`loss: mse`, `metrics: [mae]`, history keys `loss`, `mae`).
 With several, the job keys `train.loss`, `train.loss_weights` and `train.metrics` by output
 name as `compile` does, the targets are a dict keyed by output name (or a tuple in output
 order), and the history uses Keras' names: `loss` (the weighted sum), `<output>_loss`,
-`<output>_<metric>`.
+`<output>_<metric>`. Keras' `compile` computes them all (`step`); here the job's settings are
+checked first, so a wrong one is refused in one line before training.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DataError, SpecError, describe
@@ -19,21 +19,6 @@ if TYPE_CHECKING:
     import keras
 
     from ..spec import TrainSpec
-
-
-@dataclass
-class Head:
-    """One output: the loss on its rows, its weight in the total, its metrics with history names."""
-
-    name: str
-    loss: keras.losses.Loss  # Keras' own: masks, sample weights, reduction (global: `loss_reduction`)
-    weight: float
-    metrics: list[tuple[str, keras.metrics.Metric]]  # as compile's `metrics`: unweighted
-    weighted: list[tuple[str, keras.metrics.Metric]]  # compile's `weighted_metrics`: weighted by the sample weights
-
-    @property
-    def all_metrics(self) -> list[tuple[str, keras.metrics.Metric]]:
-        return self.metrics + self.weighted
 
 
 def output_names(model: keras.Model) -> list[str]:
@@ -63,16 +48,16 @@ def targets_by_output(y: Any, names: list[str], split: str) -> Any:
     return y if len(names) > 1 else y[0]
 
 
-def make_heads(train: TrainSpec, model: keras.Model, y: Any) -> list[Head]:
-    """Each output's loss, weight and metrics, checked against the targets `y` (in output order)."""
+def check_settings(train: TrainSpec, model: keras.Model, y: Any) -> None:
+    """Each output's loss, weight and metrics, checked against the targets `y` (in output order): keys by
+    output name, names Keras resolves, targets of the output's shape, one history key per metric."""
     names = output_names(model)
     ys = list(y) if len(names) > 1 else [y]
     shapes = [tuple(output.shape) for output in model.outputs]
     losses = _by_output(train.loss, names, "train.loss", required=True)
-    weights = _weights(train.loss_weights, names)
+    _weights(train.loss_weights, names)  # checked: compile takes them as given
     metrics = _by_output(train.metrics, names, "train.metrics", required=False, default=[])
     weighted = _by_output(train.weighted_metrics, names, "train.weighted_metrics", required=False, default=[])
-    heads = []
     for name, y_k, shape in zip(names, ys, shapes, strict=True):
         compile_objects.check_targets(losses[name], y_k, shape, name if len(names) > 1 else "")
         prefix = f"{name}_" if len(names) > 1 else ""
@@ -86,24 +71,15 @@ def make_heads(train: TrainSpec, model: keras.Model, y: Any) -> list[Head]:
                 f"train.weighted_metrics: expected names apart from train.metrics' (they share one history), "
                 f"received {shared} in both"
             )
-        heads.append(Head(name, compile_objects.make_loss(losses[name]), weights[name], made, made_weighted))
-    return heads
+        compile_objects.make_loss(losses[name])
 
 
-def listed(values: Any, heads: list[Head]) -> list:
-    """Targets or predictions in the heads' order: one output gives one tensor, several a tuple in output
-    order or a dict keyed by output name."""
-    if len(heads) == 1:
-        return [values[0] if isinstance(values, (list, tuple)) else values]
-    return [values[head.name] for head in heads] if isinstance(values, dict) else list(values)
+def first_rows(structure: Any, rows: int) -> Any:
+    """The first `rows` rows of arrays nested as `fit` takes them (dicts, tuples)."""
+    import keras
+    import numpy as np
 
-
-def epoch_keys(heads: list[Head]) -> list[str]:
-    """The history keys of one epoch's training figures, as Keras names them."""
-    keys = ["loss"]
-    if len(heads) > 1:
-        keys += [f"{head.name}_loss" for head in heads]
-    return keys + [name for head in heads for name, _ in head.all_metrics]
+    return keras.tree.map_structure(lambda array: np.asarray(array)[:rows], structure)
 
 
 def _by_output(value: Any, names: list[str], key: str, required: bool, default: Any = None) -> dict[str, Any]:

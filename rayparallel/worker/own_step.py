@@ -1,8 +1,8 @@
 """A model's own `train_step`, `test_step` or `compute_loss`, run on every worker as one process runs it.
 
-Each worker calls the model's step on its rows with Keras' per-replica loss scaling off
-(`one_process_losses`), and the optimizer averages the gradients over the workers
-(`sync.average_over_workers`). Keras' losses in the step divide by the global batch's divisors
+Each worker calls the model's step on its rows as `Steps` calls the model's loss: Keras'
+per-replica loss scaling off (`global_batch_losses`), and the optimizer averages the gradients
+over the workers (`sync.average_over_workers`). Keras' losses in the step divide by the global batch's divisors
 (a padding mask's kept tokens counted over all workers: `loss_reduction`); for them, and for
 any other mean over the batch's rows (`ops.mean`) with equal shards, the average of the
 workers' gradients is the gradient of the global batch, and the model's trackers see the values they would
@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ModelError, first_line
-from ..hooks import hook
-from .loss_reduction import global_batch_reduction
-from .step import EpochLogs
+from .loss_reduction import global_batch_losses
+from .step import EpochLogs, metric_results
 
 if TYPE_CHECKING:
     import keras
@@ -69,17 +68,11 @@ def _setting(spec: JobSpec, key: str) -> Any:
     return getattr(spec.train, key.split(".")[1])
 
 
-def compile_for_own_step(model: keras.Model, optimizer: keras.optimizers.Optimizer, train: Any) -> None:
-    """A model not compiled by its builder gets the job's settings, as `compile` would give them:
-    its own step reads `self.optimizer`, `self.compute_loss` and `self.metrics`."""
-    if not model.compiled:
-        model.compile(optimizer=optimizer, loss=train.loss, loss_weights=train.loss_weights, metrics=train.metrics)
-
-
-def trial_step(model: keras.Model, data: tuple, val_data: tuple | None) -> tuple[list[str], list[str]]:
+def trial_step(model: keras.Model, data: tuple, val_data: tuple | None, own: bool) -> tuple[list[str], list[str]]:
     """The model's steps once, in the driver, on one worker's rows (`data`, as Keras names a step's
-    argument): the history keys they give."""
-    keys = _logs_keys(model, "train_step", data)
+    argument): the history keys they give. Without a step of its own, `Steps` computes Keras' loss and
+    metrics as its `test_step` does: that one, which makes no update, gives the keys."""
+    keys = _logs_keys(model, "train_step" if own else "test_step", data)
     val_keys = [f"val_{k}" for k in _logs_keys(model, "test_step", val_data)] if val_data is not None else []
     return keys, val_keys
 
@@ -100,31 +93,6 @@ def _logs_keys(model: keras.Model, step: str, data: tuple) -> list[str]:
         raise ModelError(f"model.{step}: expected scalar logs, received non-scalar values for {bad}")
     model.reset_metrics()
     return list(logs)
-
-
-def first_rows(structure: Any, rows: int) -> Any:
-    """The first `rows` rows of arrays nested as `fit` takes them (dicts, tuples)."""
-    import keras
-
-    return keras.tree.map_structure(lambda array: np.asarray(array)[:rows], structure)
-
-
-@contextlib.contextmanager
-def one_process_losses() -> Iterator[None]:
-    """Keras' losses scale by 1/replicas under `tf.distribute` and its trackers scale back: off while the
-    model's step is traced in this block, so it computes what it computes in one process (the gradients
-    are averaged instead). Only in the block: the process may trace another run's step afterwards."""
-    losses = hook("keras_losses")
-    before = losses.scale_loss_for_distribution, losses.unscale_loss_for_distribution
-    losses.scale_loss_for_distribution = losses.unscale_loss_for_distribution = _unchanged
-    try:
-        yield
-    finally:
-        losses.scale_loss_for_distribution, losses.unscale_loss_for_distribution = before
-
-
-def _unchanged(value: Any) -> Any:
-    return value
 
 
 class OwnSteps:
@@ -172,7 +140,7 @@ class OwnSteps:
 
         rows = int(keras.tree.flatten(y)[0].shape[0])
         world = self.strategy.num_replicas_in_sync
-        with one_process_losses(), global_batch_reduction(rows * world, rows, averaged=True):
+        with global_batch_losses(rows * world, rows, world):
             yield
 
     def step(self, global_step: int) -> Any:
@@ -229,25 +197,9 @@ class OwnStepLogs(EpochLogs):
         means = dict(zip(last, np.asarray(summed[-1]) / self._world, strict=True))
         for variable, value in zip(variables, summed, strict=False):
             variable.assign(np.asarray(value).astype(variable.dtype))
-        results, updated = _metric_results(metrics)
+        results, updated = metric_results(metrics)
         for variable, value in zip(variables, local, strict=True):
             variable.assign(value)
         if set(last) == set(results):  # fit's rule (`_get_metrics_result_or_logs`): the metrics' results
             return {key: results[key] for key in last}
         return {key: results[key] if key in updated else float(means[key]) for key in last}
-
-
-def _metric_results(metrics: list[keras.metrics.Metric]) -> tuple[dict[str, float], set[str]]:
-    """The results as `Model.get_metrics_result` names them (compile's metrics by their keys), and the keys
-    of metrics some step fed (summed states not all zero); a metric never built has no result."""
-    results, updated = {}, set()
-    for metric in metrics:
-        try:
-            result = metric.result()
-        except ValueError:  # Keras: "Cannot get result() since the metric has not yet been built"
-            continue
-        named = result if isinstance(result, dict) else {metric.name: result}
-        results.update({key: float(np.asarray(value)) for key, value in named.items()})
-        if any(np.any(np.asarray(v.numpy()) != 0) for v in metric.variables):
-            updated.update(named)
-    return results, updated

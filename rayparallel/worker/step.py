@@ -1,9 +1,12 @@
 """One training step and one evaluation step, run on this worker's rows inside `strategy.run`.
 
-Each worker's loss is Keras' own loss of its rows (masks, sample weights, reduction) divided
-by the *global* divisor (`loss_reduction`), so the gradients summed over workers (by the
-optimizer's all-reduce) equal the gradient one device would compute for the whole global batch. Loss and metric states accumulate locally and are
-summed over workers only when logs are needed (see :class:`EpochLogs`).
+The loss and the metrics are Keras' own: the model's `compute_loss` (compile's loss, loss weights
+and per-output losses, masks, sample weights, each loss's reduction, the regularizers) and
+`compute_metrics` (`metrics`, `weighted_metrics`), traced under `global_batch_losses`, so each
+worker's loss is what one process computes over the *global* batch's divisors, and the optimizer
+averages the workers' gradients (`sync.average_over_workers`): the gradient one device would
+compute for the whole global batch. Metric states accumulate locally and are summed over workers
+only when logs are needed (see :class:`EpochLogs`).
 
 Options for GPU workers: `jit_compile` runs forward and backward as one XLA program (the
 gradient all-reduce and the update stay outside it); `LossScale` is dynamic loss scaling
@@ -17,8 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..hooks import hook
-from .loss_reduction import global_batch_reduction
-from .outputs import Head, listed
+from .loss_reduction import global_batch_losses
 from .sync import Reducer
 
 if TYPE_CHECKING:
@@ -27,14 +29,13 @@ if TYPE_CHECKING:
 
 
 class Steps:
-    """Compiled train/eval steps for one replica; `loss_total` holds this worker's share."""
+    """Compiled train/eval steps for one replica; `loss_total` holds this worker's share of the loss."""
 
     def __init__(
         self,
         strategy: tf.distribute.Strategy,
         model: keras.Model,
         optimizer: keras.optimizers.Optimizer,
-        heads: list[Head],
         global_batch_size: int,
         jit_compile: bool = False,
         initial_loss_scale: float | None = None,
@@ -42,13 +43,9 @@ class Steps:
     ):
         import tensorflow as tf
 
-        self.model, self.heads = model, heads
-        self.metrics = [metric for head in heads for _, metric in head.all_metrics]
+        self.model = model
+        self.metrics = model.metrics  # built: the worker ran Keras' symbolic build before
         self.loss_total = tf.Variable(0.0, dtype=tf.float64, trainable=False)
-        # several outputs: each one's own (unweighted) loss, for the `<output>_loss` figures
-        self.output_totals = (
-            [tf.Variable(0.0, dtype=tf.float64, trainable=False) for _ in heads] if len(heads) > 1 else []
-        )
         self.steps_run = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.first_nonfinite = tf.Variable(0, dtype=tf.int64, trainable=False)  # 1-based step, 0: none
         self.loss_scale = LossScale(initial_loss_scale) if initial_loss_scale is not None else None
@@ -65,53 +62,41 @@ class Steps:
             tf.function(self._gradients, jit_compile=True) if jit_compile else self._gradients
         )  # XLA: forward and backward; the gradient all-reduce and the update stay outside it
 
-        # `w`: None or the sample (or class) weights; metrics stay unweighted, as `compile(metrics=...)` are in
-        # Keras (a Keras mask on the predictions is theirs to apply, as in `fit`)
+        # `w`: None or the sample (or class) weights, as `fit` passes them to compute_loss and compute_metrics
         def compiled(replica_step):
-            return tf.function(lambda x, y, w: strategy.run(replica_step, args=(x, y, w)))
+            def traced(x, y, w):
+                rows = int(tf.nest.flatten(y)[0].shape[0])  # this worker's, known when the step is traced
+                with global_batch_losses(self.global_batch_size, rows, self.replicas):
+                    return replica_step(x, y, w)
+
+            return tf.function(lambda x, y, w: strategy.run(traced, args=(x, y, w)))
 
         self.train_step = compiled(self._train_replica)
         self.accumulate_step = compiled(self._accumulate_replica)
         self.eval_step = compiled(self._eval_replica)
 
-    def _losses(self, y: Any, y_pred: Any, w: Any) -> tuple[tf.Tensor, list]:
-        """This worker's share of the total loss, and of each output's (`w`: None or sample weights, one per
-        row or per element, as `fit` takes them): Keras' loss over the global batch (`loss_reduction`),
-        weighted as `loss_weights` say, plus its 1/N of the regularizers (Keras adds them to train and
-        test losses alike)."""
-        import keras
-        import tensorflow as tf
-
-        heads = self.heads
-        rows = int(keras.tree.flatten(y)[0].shape[0])  # this worker's, known when the step is traced
-        with global_batch_reduction(self.global_batch_size, rows):
-            each = [
-                h.loss(y_k, p_k, w) for h, y_k, p_k in zip(heads, listed(y, heads), listed(y_pred, heads), strict=True)
-            ]
-        loss = tf.add_n([h.weight * value for h, value in zip(heads, each, strict=True)])
-        if self.model.losses:
-            loss += tf.add_n(self.model.losses) / self.replicas
-        return loss, each
+    def _loss(self, x: Any, y: Any, y_pred: Any, w: Any, training: bool) -> tf.Tensor:
+        return self.model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=w, training=training)
 
     def _gradients(self, x: Any, y: Any, w: Any) -> tuple:
         import tensorflow as tf
 
         with tf.GradientTape() as tape:
             y_pred = self.model(x, training=True)
-            loss, each = self._losses(y, y_pred, w)
+            loss = self._loss(x, y, y_pred, w, training=True)
             scaled = loss * self.loss_scale.value if self.loss_scale is not None else loss
-        return loss, each, y_pred, tape.gradient(scaled, self.model.trainable_variables)
+        return loss, y_pred, tape.gradient(scaled, self.model.trainable_variables)
 
     def _accumulate_replica(self, x: Any, y: Any, w: Any) -> None:
-        loss, each, y_pred, grads = self._forward_backward(x, y, w)
+        loss, y_pred, grads = self._forward_backward(x, y, w)
         for total, grad in zip(self.accumulated, grads, strict=True):
             total.assign_add(grad)
-        self._after_step(loss, each, y, y_pred, w)
+        self._after_step(loss, x, y, y_pred, w)
 
     def _train_replica(self, x: Any, y: Any, w: Any) -> None:
         import tensorflow as tf
 
-        loss, each, y_pred, grads = self._forward_backward(x, y, w)
+        loss, y_pred, grads = self._forward_backward(x, y, w)
         variables = self.model.trainable_variables
         if self.accumulated:
             steps = self.accumulation_steps
@@ -122,45 +107,37 @@ class Steps:
             self.loss_scale.apply(self.optimizer, grads, variables)
         else:
             self.optimizer.apply_gradients(zip(grads, variables, strict=True))
-        self._after_step(loss, each, y, y_pred, w)
+        self._after_step(loss, x, y, y_pred, w)
 
     def _eval_replica(self, x: Any, y: Any, w: Any) -> None:
         y_pred = self.model(x, training=False)
-        self._record(*self._losses(y, y_pred, w), y, y_pred, w)
+        self._record(self._loss(x, y, y_pred, w, training=False), x, y, y_pred, w)
 
     def step(self, global_step: int) -> Any:
         """The compiled step for this global step (1-based): an update, or an accumulation."""
         return self.train_step if global_step % self.accumulation_steps == 0 else self.accumulate_step
 
-    def _after_step(self, loss: tf.Tensor, each: list, y: Any, y_pred: Any, w: Any) -> None:
+    def _after_step(self, loss: tf.Tensor, x: Any, y: Any, y_pred: Any, w: Any) -> None:
         import tensorflow as tf
 
-        self._record(loss, each, y, y_pred, w)
+        self._record(loss, x, y, y_pred, w)
         self.steps_run.assign_add(1)
         first = tf.logical_and(tf.logical_not(tf.math.is_finite(loss)), tf.equal(self.first_nonfinite, 0))
         self.first_nonfinite.assign(tf.where(first, self.steps_run, self.first_nonfinite))
 
-    def _record(self, loss: tf.Tensor, each: list, y: Any, y_pred: Any, w: Any) -> None:
+    def _record(self, loss: tf.Tensor, x: Any, y: Any, y_pred: Any, w: Any) -> None:
+        """This worker's share of the global loss (its loss is the global one's estimate times the workers),
+        and the model's metrics, updated as Keras' own step updates them."""
         import tensorflow as tf
 
-        self.loss_total.assign_add(tf.cast(loss, tf.float64))
-        for total, value in zip(self.output_totals, each, strict=False):
-            total.assign_add(tf.cast(value, tf.float64))
-        ys, preds = listed(y, self.heads), listed(y_pred, self.heads)
-        for head, y_k, p_k in zip(self.heads, ys, preds, strict=True):
-            for _, metric in head.metrics:
-                metric.update_state(y_k, p_k)
-            for _, metric in head.weighted:
-                metric.update_state(y_k, p_k, sample_weight=w)
+        self.loss_total.assign_add(tf.cast(loss, tf.float64) / self.replicas)
+        self.model.compute_metrics(x, y, y_pred, sample_weight=w)
 
     def reset(self) -> None:
         self.loss_total.assign(0.0)
-        for total in self.output_totals:
-            total.assign(0.0)
         self.steps_run.assign(0)
         self.first_nonfinite.assign(0)
-        for metric in self.metrics:
-            metric.reset_state()
+        self.model.reset_metrics()
 
 
 class LossScale:
@@ -229,20 +206,16 @@ class EpochLogs:
         return total / max(steps_done, 1)
 
     def collect(self, steps_done: int, prefix: str = "") -> dict[str, float]:
-        """Mean loss per step and every metric, over the whole global batch of every step."""
-        steps = self._steps
-        variables = [v for m in steps.metrics for v in m.variables]
-        outputs = [t.numpy() for t in steps.output_totals]
-        total, summed = self._reduce([v.numpy() for v in variables] + outputs)
-        for variable, value in zip(variables, summed, strict=False):
+        """Mean loss per step and the model's metrics (Keras' names: `<output>_loss`, `<output>_<metric>`
+        with several outputs), over the whole global batch of every step."""
+        metrics = self._steps.metrics
+        variables = [v for m in metrics for v in m.variables]
+        total, summed = self._reduce([v.numpy() for v in variables])
+        for variable, value in zip(variables, summed, strict=True):
             variable.assign(np.asarray(value).astype(variable.dtype))
-        logs = {prefix + "loss": total / max(steps_done, 1)}
-        for head, value in zip(steps.heads, summed[len(variables) :], strict=False):
-            logs[f"{prefix}{head.name}_loss"] = float(value) / max(steps_done, 1)
-        for head in steps.heads:
-            for name, metric in head.all_metrics:
-                logs[prefix + name] = float(np.asarray(metric.result()))
-        return logs
+        logs, _ = metric_results(metrics)
+        logs["loss"] = total / max(steps_done, 1)  # Keras' loss tracker is not fed: `loss_total` holds it
+        return {prefix + key: value for key, value in logs.items()}
 
     def _reduce(self, arrays: list, seconds: float = 0.0) -> tuple[float, list]:
         slots = np.zeros(self._world)
@@ -255,3 +228,19 @@ class EpochLogs:
         self.nonfinite_step = min(bad) if bad else 0
         self.rank0_seconds = float(rank0_seconds)
         return float(total), summed
+
+
+def metric_results(metrics: list[keras.metrics.Metric]) -> tuple[dict[str, float], set[str]]:
+    """The results as `Model.get_metrics_result` names them (compile's metrics by their keys), and the keys
+    of metrics some step fed (summed states not all zero); a metric never built has no result."""
+    results, updated = {}, set()
+    for metric in metrics:
+        try:
+            result = metric.result()
+        except ValueError:  # Keras: "Cannot get result() since the metric has not yet been built"
+            continue
+        named = result if isinstance(result, dict) else {metric.name: result}
+        results.update({key: float(np.asarray(value)) for key, value in named.items()})
+        if any(np.any(np.asarray(v.numpy()) != 0) for v in metric.variables):
+            updated.update(named)
+    return results, updated

@@ -75,11 +75,17 @@ def check_settings(train: TrainSpec, model: keras.Model, y: Any) -> None:
 
 
 def first_rows(structure: Any, rows: int) -> Any:
-    """The first `rows` rows of arrays nested as `fit` takes them (dicts, tuples)."""
+    """The first `rows` rows of arrays nested as `fit` takes them (dicts, tuples); text as TensorFlow strings
+    (Keras' symbolic build knows no NumPy object dtype)."""
     import keras
     import numpy as np
+    import tensorflow as tf
 
-    return keras.tree.map_structure(lambda array: np.asarray(array)[:rows], structure)
+    def first(array: Any) -> Any:
+        array = np.asarray(array)[:rows]
+        return tf.constant(array) if array.dtype.kind in "OSU" else array
+
+    return keras.tree.map_structure(first, structure)
 
 
 def _by_output(value: Any, names: list[str], key: str, required: bool, default: Any = None) -> dict[str, Any]:

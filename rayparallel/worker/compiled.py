@@ -12,6 +12,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from ..errors import SpecError
+from . import compile_objects
 
 if TYPE_CHECKING:
     import keras
@@ -51,11 +52,25 @@ def compile_model(model: keras.Model, optimizer: keras.optimizers.Optimizer, tra
     if not model.compiled:
         model.compile(
             optimizer=optimizer,
-            loss=train.loss,
+            loss=_objects(train.loss, "loss"),
             loss_weights=train.loss_weights,
-            metrics=train.metrics,
-            weighted_metrics=train.weighted_metrics,
+            metrics=_objects(train.metrics, "metrics"),
+            weighted_metrics=_objects(train.weighted_metrics, "metrics"),
         )
+
+
+def _objects(value: Any, kind: str) -> Any:
+    """`{class_name, config}` as the Keras object it names: compile reads a dict as one entry per output.
+    Names stay names, for compile to resolve as it does (`accuracy` by the targets' shape)."""
+    import keras
+
+    if isinstance(value, dict) and "class_name" in value:
+        return compile_objects.make_loss(value) if kind == "loss" else keras.metrics.get(value)
+    if isinstance(value, dict):
+        return {name: _objects(entry, kind) for name, entry in value.items()}
+    if isinstance(value, list):
+        return [_objects(entry, kind) for entry in value]
+    return value
 
 
 def described(given: TrainSpec, used: TrainSpec) -> dict[str, str]:

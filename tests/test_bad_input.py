@@ -70,6 +70,12 @@ CNN = {
         ),
         (
             REGRESSOR,
+            ["model.builder=tests.models:guide_compute_loss", "scaling.num_workers=3"],
+            "scaling.num_workers: expected a divisor of train.global_batch_size for a model with its own "
+            "compute_loss (its step cannot apply rayparallel's version of it exactly), received 3 (uneven",
+        ),
+        (
+            REGRESSOR,
             ["model.builder=tests.models:no_logs_step"],
             "model.train_step: expected a dict of logs (as Keras' own step returns), received {}",
         ),

@@ -85,8 +85,7 @@ def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
     model = build_model(spec.model, spec.per_worker_batch_size, spec.train.dtype_policy)
     train = compiled.resolve(spec.train, model)
     own = own_step.overridden(model)
-    if own:
-        own_step.check_job(spec, own, weighted=data.weighted)
+    own_step.check_job(spec, model, weighted=data.weighted)
     if data.sample_x is not None:
         check_inputs(model, data.sample_x, "data.x" if spec.data.dataset is not None else "data.loader x_train")
     optimizer = compile_objects.make_optimizer(train.optimizer)

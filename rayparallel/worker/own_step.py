@@ -1,4 +1,4 @@
-"""A model's own `train_step`, `test_step` or `compute_loss`, run on every worker as one process runs it.
+"""A model's own `train_step`, `test_step` or `compute_metrics`, run on every worker as one process runs it.
 
 Each worker calls the model's step on its rows as `Steps` calls the model's loss: Keras'
 per-replica loss scaling off (`global_batch_losses`), and the optimizer averages the gradients
@@ -32,31 +32,36 @@ if TYPE_CHECKING:
 
     from ..spec import JobSpec
 
-# The steps a Keras model may override; rayparallel then runs the model's own
-OWN_STEPS = ("train_step", "test_step", "compute_loss", "compute_metrics")
+# The steps a Keras model may override that rayparallel then runs as the model's own (`OwnSteps`)
+OWN_STEPS = ("train_step", "test_step", "compute_metrics")
+# Called by `Steps` as Keras' own train_step calls it: the model's override, or Keras' compile loss
+OWN_LOSS = ("compute_loss",)
 
 
-def overridden(model: keras.Model) -> list[str]:
+def overridden(model: keras.Model, names: tuple[str, ...] = OWN_STEPS) -> list[str]:
     import keras
 
-    return [name for name in OWN_STEPS if getattr(type(model), name, None) is not getattr(keras.Model, name)]
+    return [name for name in names if getattr(type(model), name, None) is not getattr(keras.Model, name)]
 
 
-def check_job(spec: JobSpec, own: list[str], weighted: bool) -> None:
-    """What of rayparallel's own step machinery a model's step cannot use: refused, never ignored."""
+def check_job(spec: JobSpec, model: keras.Model, weighted: bool) -> None:
+    """What of rayparallel's own step machinery a model's step cannot use: refused, never ignored. A model's
+    own `compute_loss` runs in rayparallel's step (all of it applies), but its means over rows are its own."""
     train = spec.train
+    own, own_loss = overridden(model), overridden(model, OWN_LOSS)
+    uneven = (len(set(spec.possible_batch_sizes)) > 1, "scaling.num_workers", "a divisor of train.global_batch_size")
     refused = [
         (train.gradient_accumulation_steps > 1, "train.gradient_accumulation_steps", "1"),
         (train.dtype_policy == "mixed_float16", "train.dtype_policy", "float32 or mixed_bfloat16 (no loss scaling)"),
         (train.jit_compile is True, "train.jit_compile", "auto or false"),
         (train.class_weight is not None or weighted, "train.class_weight and sample weights", "none"),
-        (len(set(spec.possible_batch_sizes)) > 1, "scaling.num_workers", "a divisor of train.global_batch_size"),
+        uneven,
     ]
-    for refuse, key, wanted in refused:
+    for refuse, key, wanted in refused if own else [uneven] if own_loss else []:
         if refuse:
             raise ModelError(
-                f"{key}: expected {wanted} for a model with its own {', '.join(own)} (its step cannot apply "
-                f"rayparallel's version of it exactly), received {_setting(spec, key)}"
+                f"{key}: expected {wanted} for a model with its own {', '.join(own or own_loss)} (its step cannot "
+                f"apply rayparallel's version of it exactly), received {_setting(spec, key)}"
             )
 
 

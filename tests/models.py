@@ -147,6 +147,21 @@ def guide_compute_loss(batch_size: int, features: int = 4):
     return model
 
 
+def weighted_compute_loss(batch_size: int, features: int = 4):
+    """A `compute_loss` that adds a term of its own (a mean over rows) to compile's loss, which takes the
+    sample weights: not compiled by the builder, so the job's settings reach it through our compile."""
+    import keras
+    from keras import ops
+
+    class PenalizedModel(keras.Model):
+        def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+            loss = super().compute_loss(x, y, y_pred, sample_weight, training=training)
+            return loss + 0.1 * ops.mean(ops.abs(y_pred))
+
+    plain = dense_regressor(batch_size, features)
+    return PenalizedModel(plain.input, plain.output)
+
+
 def compiled_regressor(batch_size: int, features: int = 4):
     """A builder that ends with `compile`, as Keras users write one: settings `train:` does not repeat."""
     import keras

@@ -58,6 +58,33 @@ def test_schedule_global_clipnorm_accumulation_and_sample_weights(shared_workers
     )  # clip: where they differ
 
 
+def test_own_compute_loss_with_accumulation_and_sample_weights(shared_workers, tmp_path):
+    """A model's own `compute_loss` runs in rayparallel's step as Keras' train_step calls it: the sample
+    weights reach it and accumulation applies (a model's own train_step refuses both)."""
+    import keras
+
+    from tests.models import linear_rows, weighted_compute_loss
+
+    spec = job(
+        "fit-own-loss",
+        "weighted_compute_loss",
+        "linear_rows",
+        {"weighted": True},
+        optimizer={"class_name": "SGD", "config": {"learning_rate": 0.05}},
+        metrics=["mae"],
+        gradient_accumulation_steps=2,
+    )
+    data = linear_rows(weighted=True)
+    sgd = keras.optimizers.SGD(0.05, gradient_accumulation_steps=2)
+    model, history = keras_fit(
+        weighted_compute_loss,
+        data,
+        dict(optimizer=sgd, loss="mean_squared_error", metrics=["mae"]),
+        sample_weight=data["sample_weight_train"],
+    )
+    assert_same_as_fit(shared_workers, spec, weighted_compute_loss, model, history, tmp_path, "own compute_loss")
+
+
 def test_class_weights_with_weight_decay_and_clipvalue(shared_workers, tmp_path):
     import keras
 

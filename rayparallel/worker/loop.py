@@ -143,7 +143,7 @@ class WorkerRun:
         """The compiled steps (ours, or the model's own) and the figures they give."""
         spec = self.spec
         if self.own:
-            self.steps = own_step.OwnSteps(self.strategy, self.model)
+            self.steps = own_step.OwnSteps(self.strategy, self.model, self.global_batch)
             self.epoch_logs = own_step.OwnStepLogs(self.steps, self.reducer, self.rank, self.world)
             return
         self.steps = Steps(

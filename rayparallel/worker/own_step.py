@@ -16,15 +16,12 @@ log (a raw loss tensor) the value of the epoch's last step, averaged over the wo
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import ModelError, first_line
-from .loss_reduction import global_batch_losses
-from .step import EpochLogs, metric_results
+from .step import EpochLogs, metric_results, on_replicas
 
 if TYPE_CHECKING:
     import keras
@@ -106,7 +103,7 @@ class OwnSteps:
     loss_scale = None
     accumulation_steps = 1
 
-    def __init__(self, strategy: tf.distribute.Strategy, model: keras.Model):
+    def __init__(self, strategy: tf.distribute.Strategy, model: keras.Model, global_batch_size: int):
         import tensorflow as tf
 
         self.model, self.strategy = model, strategy
@@ -115,13 +112,9 @@ class OwnSteps:
         self.loss_total = tf.Variable(0.0, dtype=tf.float64, trainable=False)
         self.steps_run = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.first_nonfinite = tf.Variable(0, dtype=tf.int64, trainable=False)
-        self.train_keys: list[str] = []  # the logs' keys, known once each step is traced
-        self.eval_keys: list[str] = []
 
         def train_replica(x, y, w):
-            with self._global_losses(y):
-                logs = model.train_step((x, y))
-            self.train_keys = list(logs)
+            logs = model.train_step((x, y))
             self.steps_run.assign_add(1)
             if "loss" in logs:
                 bad = tf.logical_and(tf.logical_not(tf.math.is_finite(logs["loss"])), tf.equal(self.first_nonfinite, 0))
@@ -129,24 +122,10 @@ class OwnSteps:
             return _scalars(logs)
 
         def eval_replica(x, y, w):
-            with self._global_losses(y):
-                logs = model.test_step((x, y))
-            self.eval_keys = list(logs)
-            return _scalars(logs)
+            return _scalars(model.test_step((x, y)))
 
-        self.train_step = KeepsLast(tf.function(lambda x, y, w: strategy.run(train_replica, args=(x, y, w))))
-        self.eval_step = KeepsLast(tf.function(lambda x, y, w: strategy.run(eval_replica, args=(x, y, w))))
-
-    @contextlib.contextmanager
-    def _global_losses(self, y: Any) -> Iterator[None]:
-        """Keras' losses in the model's step as in one process, over the global batch's divisors (a padding
-        mask's count over all workers), times the workers: the gradients are averaged (`loss_reduction`)."""
-        import keras
-
-        rows = int(keras.tree.flatten(y)[0].shape[0])
-        world = self.strategy.num_replicas_in_sync
-        with global_batch_losses(rows * world, rows, world):
-            yield
+        self.train_step = KeepsLast(on_replicas(strategy, global_batch_size, train_replica))
+        self.eval_step = KeepsLast(on_replicas(strategy, global_batch_size, eval_replica))
 
     def step(self, global_step: int) -> Any:
         return self.train_step

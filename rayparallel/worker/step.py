@@ -28,6 +28,19 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
 
+def on_replicas(strategy: tf.distribute.Strategy, global_batch_size: int, replica_step: Any) -> Any:
+    """`replica_step(x, y, w)` compiled to run on every worker's rows, its Keras losses traced as one process
+    computes them over the global batch (`global_batch_losses`): the one contract of every step."""
+    import tensorflow as tf
+
+    def traced(x, y, w):
+        rows = int(tf.nest.flatten(y)[0].shape[0])  # this worker's, known when the step is traced
+        with global_batch_losses(global_batch_size, rows, strategy.num_replicas_in_sync):
+            return replica_step(x, y, w)
+
+    return tf.function(lambda x, y, w: strategy.run(traced, args=(x, y, w)))
+
+
 class Steps:
     """Compiled train/eval steps for one replica; `loss_total` holds this worker's share of the loss."""
 
@@ -63,17 +76,9 @@ class Steps:
         )  # XLA: forward and backward; the gradient all-reduce and the update stay outside it
 
         # `w`: None or the sample (or class) weights, as `fit` passes them to compute_loss and compute_metrics
-        def compiled(replica_step):
-            def traced(x, y, w):
-                rows = int(tf.nest.flatten(y)[0].shape[0])  # this worker's, known when the step is traced
-                with global_batch_losses(self.global_batch_size, rows, self.replicas):
-                    return replica_step(x, y, w)
-
-            return tf.function(lambda x, y, w: strategy.run(traced, args=(x, y, w)))
-
-        self.train_step = compiled(self._train_replica)
-        self.accumulate_step = compiled(self._accumulate_replica)
-        self.eval_step = compiled(self._eval_replica)
+        self.train_step = on_replicas(strategy, global_batch_size, self._train_replica)
+        self.accumulate_step = on_replicas(strategy, global_batch_size, self._accumulate_replica)
+        self.eval_step = on_replicas(strategy, global_batch_size, self._eval_replica)
 
     def _loss(self, x: Any, y: Any, y_pred: Any, w: Any, training: bool) -> tf.Tensor:
         return self.model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=w, training=training)

@@ -1,7 +1,8 @@
 """The optimizer, loss and metrics `compile` would give this worker's replica, from the job's names.
 
-Loss and metrics are resolved the way `Model.compile` resolves their names, so history keys
-match what Keras users see from `fit`.
+The optimizer is the step's. Loss and metrics are resolved the way `Model.compile` resolves
+their names, to refuse a wrong one in one line before training (`outputs.check_settings`);
+the model's own `compile` then computes them (`step`).
 """
 
 from __future__ import annotations

@@ -128,4 +128,5 @@ def test_two_outputs_with_losses_weights_and_metrics_per_output(shared_workers, 
     compile_args = dict(optimizer=keras.optimizers.Adam(0.02), loss=losses, loss_weights=loss_weights, metrics=metrics)
     model, history = keras_fit(two_outputs, levels_and_kinds(), compile_args)
     assert {"loss", "level_loss", "kind_loss", "level_mae", "kind_accuracy", "val_kind_loss"} <= set(history)
-    assert_same_as_fit(shared_workers, spec, two_outputs, model, history, tmp_path, "two outputs")
+    # 3 workers: rows 3, 3 and 2, so each output's loss tracker is fed a weighted share (`global_batch_losses`)
+    assert_same_as_fit(shared_workers, spec, two_outputs, model, history, tmp_path, "two outputs", counts=(2, 3))

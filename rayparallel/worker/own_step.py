@@ -44,20 +44,21 @@ def overridden(model: keras.Model, names: tuple[str, ...] = OWN_STEPS) -> list[s
 def check_job(spec: JobSpec, model: keras.Model, weighted: bool) -> None:
     """What of rayparallel's own step machinery a model's step cannot use: refused, never ignored. A model's
     own `compute_loss` runs in rayparallel's step (all of it applies), but its means over rows are its own."""
+    steps, loss = overridden(model), overridden(model, OWN_LOSS)
+    if not (steps or loss):
+        return
     train = spec.train
-    own, own_loss = overridden(model), overridden(model, OWN_LOSS)
-    uneven = (len(set(spec.possible_batch_sizes)) > 1, "scaling.num_workers", "a divisor of train.global_batch_size")
     refused = [
         (train.gradient_accumulation_steps > 1, "train.gradient_accumulation_steps", "1"),
         (train.dtype_policy == "mixed_float16", "train.dtype_policy", "float32 or mixed_bfloat16 (no loss scaling)"),
         (train.jit_compile is True, "train.jit_compile", "auto or false"),
         (train.class_weight is not None or weighted, "train.class_weight and sample weights", "none"),
-        uneven,
     ]
-    for refuse, key, wanted in refused if own else [uneven] if own_loss else []:
+    uneven = (len(set(spec.possible_batch_sizes)) > 1, "scaling.num_workers", "a divisor of train.global_batch_size")
+    for refuse, key, wanted in (refused if steps else []) + [uneven]:  # only compute_loss: the rest is our step
         if refuse:
             raise ModelError(
-                f"{key}: expected {wanted} for a model with its own {', '.join(own or own_loss)} (its step cannot "
+                f"{key}: expected {wanted} for a model with its own {', '.join(steps or loss)} (its step cannot "
                 f"apply rayparallel's version of it exactly), received {_setting(spec, key)}"
             )
 

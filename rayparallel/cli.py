@@ -6,11 +6,13 @@ Bad input exits with code 2 and one line on stderr; `--debug` shows the tracebac
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from collections.abc import Sequence
 
 from .errors import RayParallelError, RunFailedError
+from .spec.references import add_search_path
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -147,6 +149,9 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # every command resolves a job's `module:function` from where it was typed, as `python -m` would:
+    # the installed console script does not put the working directory on sys.path by itself
+    add_search_path([os.getcwd()])
     try:
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:

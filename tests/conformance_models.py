@@ -257,3 +257,48 @@ def weighted_levels_and_kinds():
     rng = np.random.default_rng(13)
     data["sample_weight_train"] = rng.uniform(0.2, 3.0, size=len(data["x_train"])).astype("float32")
     return data
+
+
+def position_transformer(batch_size: int, tokens: int = 16, vocab: int = 50, clip: str | None = "global_clipnorm"):
+    """keras-io "Text classification with Transformer" as written there (embed 16, 2 heads, feed-forward 16,
+    Dropout at rate 0 for the comparison): `TokenAndPositionEmbedding` looks the positions up once and
+    broadcasts them over the batch (a sparse gradient whose rows are not the batch's), inputs of a free batch
+    (`shape=(maxlen,)`), compiled with SGD(momentum=0.9) and a clipping setting of 0.5 (`clip=None`: none)."""
+    import keras
+    from keras import layers, ops
+
+    class TransformerBlock(layers.Layer):
+        def __init__(self, embed_dim, num_heads, ff_dim, rate=0.0):
+            super().__init__()
+            self.att = layers.MultiHeadAttention(num_heads=num_heads, key_dim=embed_dim)
+            self.ffn = keras.Sequential([layers.Dense(ff_dim, activation="relu"), layers.Dense(embed_dim)])
+            self.layernorm1 = layers.LayerNormalization(epsilon=1e-6)
+            self.layernorm2 = layers.LayerNormalization(epsilon=1e-6)
+            self.dropout1 = layers.Dropout(rate)
+            self.dropout2 = layers.Dropout(rate)
+
+        def call(self, inputs):
+            attn_output = self.dropout1(self.att(inputs, inputs))
+            out1 = self.layernorm1(inputs + attn_output)
+            return self.layernorm2(out1 + self.dropout2(self.ffn(out1)))
+
+    class TokenAndPositionEmbedding(layers.Layer):
+        def __init__(self, maxlen, vocab_size, embed_dim):
+            super().__init__()
+            self.token_emb = layers.Embedding(input_dim=vocab_size, output_dim=embed_dim)
+            self.pos_emb = layers.Embedding(input_dim=maxlen, output_dim=embed_dim)
+
+        def call(self, x):
+            positions = self.pos_emb(ops.arange(start=0, stop=ops.shape(x)[-1], step=1))
+            return self.token_emb(x) + positions
+
+    inputs = layers.Input(shape=(tokens,))
+    x = TokenAndPositionEmbedding(tokens, vocab, 16)(inputs)
+    x = TransformerBlock(16, 2, 16)(x)
+    x = layers.GlobalAveragePooling1D()(x)
+    x = layers.Dense(20, activation="relu")(x)
+    outputs = layers.Dense(2, activation="softmax")(x)
+    model = keras.Model(inputs, outputs)
+    optimizer = keras.optimizers.SGD(0.05, momentum=0.9, **({clip: 0.5} if clip else {}))
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model

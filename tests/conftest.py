@@ -97,12 +97,12 @@ class DefaultJobRuns:
         self.results, self.stdout, self.stderr = {}, {}, {}
         self.cwd = root / "work"
         shutil.copytree(REPO / "jobs", self.cwd / "jobs")
+        self.env = {"RAY_ADDRESS": address, "MLFLOW_TRACKING_URI": ""}
         for workers in (2,):  # one worker is `fit`'s oracle in tests/test_cli.py
-            out = root / f"w{workers}"
+            out = self.cwd / "runs/stateful-lstm-co2"  # the job's own folder, where README's next commands look
             overrides = [f"scaling.num_workers={workers}", "train.epochs=3"]
             sets = [arg for o in overrides for arg in ("--set", o)]
-            env = {"RAY_ADDRESS": address, "MLFLOW_TRACKING_URI": ""}
-            run = cli("train", "jobs/stateful_lstm.yaml", *sets, "--output-dir", str(out), env=env, cwd=self.cwd)
+            run = cli("train", "jobs/stateful_lstm.yaml", *sets, env=self.env, cwd=self.cwd)
             assert run.returncode == 0, run.stderr[-3000:]
             self.stdout[workers], self.stderr[workers] = run.stdout, run.stderr
             self.results[workers] = json.loads((out / "result.json").read_text())

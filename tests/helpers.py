@@ -14,12 +14,16 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 
 
+# the console script pip installed beside this interpreter: what a user types (its sys.path is not `python -m`'s)
+RAYPARALLEL = str(Path(sys.executable).with_name("rayparallel"))
+
+
 def cli(*args: str, env: dict | None = None, cwd: Path = REPO, timeout: float = 600):
-    """Run `rayparallel ...` as a user would; returns the CompletedProcess."""
+    """Run `rayparallel ...` as a user would, through the installed script; returns the CompletedProcess."""
     environment = {**os.environ, **(env or {})}
     environment = {k: v for k, v in environment.items() if v != ""}  # "" unsets
     return subprocess.run(
-        [sys.executable, "-m", "rayparallel.cli", *args],
+        [RAYPARALLEL, *args],
         cwd=cwd,
         capture_output=True,
         text=True,

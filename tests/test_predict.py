@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -30,14 +29,11 @@ def saved_weights(folder, builder: str, kwargs: dict, batch_size: int = 4) -> st
     return str(folder)
 
 
-def readme_command(paths: dict[str, str]) -> list[str]:
-    """README's `rayparallel predict` command, as written but for the paths of `paths`."""
+def readme_command() -> list[str]:
+    """README's `rayparallel predict` command, as written."""
     section = (REPO / "README.md").read_text().split("## Predict", 1)[1].split("\n## ", 1)[0]
     (line,) = [line for line in section.splitlines() if line.startswith("rayparallel predict ")]
-    args = line.split()[1:]
-    for flag, path in paths.items():
-        args[args.index(flag) + 1] = path
-    return args
+    return line.split()[1:]
 
 
 def stream_by_stream(model, x: np.ndarray, streams: int, warmup: np.ndarray | None = None) -> np.ndarray:
@@ -66,7 +62,7 @@ def by_stream(folder, name: str, shape: tuple) -> np.ndarray:
 
 @pytest.mark.slow
 def test_streams_equal_the_batch_1_loop_on_2_and_1_workers_with_an_mlflow_run_nested_under_training(
-    default_job_runs, ray_address, tracking_store, tmp_path
+    default_job_runs, ray_address, tmp_path
 ):
     from mlflow.tracking import MlflowClient
 
@@ -79,25 +75,22 @@ def test_streams_equal_the_batch_1_loop_on_2_and_1_workers_with_an_mlflow_run_ne
     continued = stream_by_stream(model, data["x_val"], 8, warmup=data["x_train"])
     shape = expected.shape
 
-    # the training run's output folder, with its MLflow run: the prediction is nested under it
-    client = MlflowClient(tracking_store)
-    experiment = client.create_experiment("predict-test-training")
-    training = client.create_run(experiment, run_name="training").info.run_id
-    run_folder = tmp_path / "run"
-    shutil.copytree(trained, run_folder / "checkpoints")
-    (run_folder / "result.json").write_text(json.dumps({"mlflow": {"run_id": training}}))
-
-    out = tmp_path / "two"
-    paths = {"--weights": str(run_folder / "checkpoints"), "--out": str(out)}
-    run = cli(*readme_command(paths), env={"RAY_ADDRESS": ray_address})
+    # README's command as written, typed in the quick start's folder after its `rayparallel train` (a clone's
+    # layout: `jobs/` importable only as the working directory); the prediction nests under training's MLflow run
+    runs = default_job_runs
+    run = cli(*readme_command(), env=runs.env, cwd=runs.cwd)
     assert run.returncode == 0, run.stderr[-3000:]
     assert f"predicted {shape[0] * shape[1]} rows" in run.stdout and "8 streams on 2 workers" in run.stdout
+    out = runs.cwd / "runs/co2-predict"
     assert np.abs(by_stream(out, "change", shape) - expected).max() < 1e-5
 
     summary = json.loads((out / "predict.json").read_text())
     assert summary["workers"] == 2 and summary["rows"] == shape[0] * shape[1] and summary["rows_per_s"] > 0
+    client = MlflowClient(f"sqlite:///{runs.cwd / 'mlflow.db'}")  # MLflow's default store where it was typed
+    training = runs.results[2]["mlflow"]["run_id"]
     logged = client.get_run(summary["mlflow"]["run_id"])
-    assert logged.data.tags["mlflow.parentRunId"] == training and logged.info.experiment_id == experiment
+    assert logged.data.tags["mlflow.parentRunId"] == training
+    assert logged.info.experiment_id == client.get_run(training).info.experiment_id
     assert logged.info.status == "FINISHED" and logged.data.metrics["rows"] == summary["rows"]
     artifacts = {a.path for a in client.list_artifacts(logged.info.run_id)}
     parts = {a.path for a in client.list_artifacts(logged.info.run_id, "predictions")}

@@ -43,6 +43,7 @@ from .sync import (
     compress_gradients,
     configure_threads,
     make_strategy,
+    sum_shared_slices,
 )
 from .system_metrics import NodeSampler
 
@@ -132,6 +133,7 @@ class WorkerRun:
             )
             self.optimizer.build(self.model.trainable_variables)  # not lazily inside the compiled step
         compile_objects.accumulate_schedule(self.optimizer, spec.train.gradient_accumulation_steps)
+        sum_shared_slices(self.optimizer)  # first: compression casts, then averages, then clips what it sums
         compress_gradients(self.optimizer, spec.train.gradient_compression)
         average_over_workers(self.optimizer, self.world)  # before: clipping acts on the mean
         clip_after_all_reduce(self.optimizer)  # after: clipping acts on the summed, cast-back gradient

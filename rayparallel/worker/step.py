@@ -21,7 +21,7 @@ import numpy as np
 
 from ..hooks import hook
 from .loss_reduction import global_batch_losses
-from .sync import Reducer
+from .sync import Reducer, step_inputs
 
 if TYPE_CHECKING:
     import keras
@@ -35,7 +35,7 @@ def on_replicas(strategy: tf.distribute.Strategy, global_batch_size: int, replic
 
     def traced(x, y, w):
         rows = int(tf.nest.flatten(y)[0].shape[0])  # this worker's, known when the step is traced
-        with global_batch_losses(global_batch_size, rows, strategy.num_replicas_in_sync):
+        with global_batch_losses(global_batch_size, rows, strategy.num_replicas_in_sync), step_inputs(x, y, w):
             return replica_step(x, y, w)
 
     return tf.function(lambda x, y, w: strategy.run(traced, args=(x, y, w)))

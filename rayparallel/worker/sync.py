@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -105,6 +105,82 @@ class StepWatchdog:
             os._exit(1)
 
 
+_step = threading.local()  # the batch tensors (x, y, w) of the step being traced on this thread
+
+
+@contextlib.contextmanager
+def step_inputs(*batch: object) -> Iterator[None]:
+    """While a step is traced in this block, the gradient all-reduce can tell which sparse gradients
+    come from the batch (`sum_shared_slices`)."""
+    import tensorflow as tf
+
+    before = getattr(_step, "ops", None)
+    _step.ops = {t.op for t in tf.nest.flatten(batch) if isinstance(t, tf.Tensor)}
+    try:
+        yield
+    finally:
+        _step.ops = before
+
+
+def from_batch(tensor: tf.Tensor, batch_ops: set) -> bool:
+    """Whether `tensor` is computed from the batch's tensors: a walk up its graph (when the step is traced)."""
+    seen, stack = set(), [tensor.op]
+    while stack:
+        op = stack.pop()
+        if op in batch_ops:
+            return True
+        if op not in seen:
+            seen.add(op)
+            stack.extend(t.op for t in op.inputs)
+    return False
+
+
+def sum_shared_slices(optimizer: keras.optimizers.Optimizer) -> None:
+    """Make the optimizer sum, rather than gather, the sparse gradients whose rows do not come from the batch.
+
+    An embedding looked up at rows that are not the batch's (a position embedding: `pos(arange(maxlen))`,
+    broadcast over the batch) has in one process one gradient row per looked-up row, summed over the batch.
+    Every worker holds those same rows with its own rows' sums; TensorFlow's all-reduce of `IndexedSlices`
+    concatenates them, so each row would appear once per worker. The update (a scatter-add) is the same, but
+    Keras' `global_clipnorm` and `clipnorm` norm the slices' values as they are, duplicates apart: the norm
+    would no longer be the one `fit` computes, and the clip scales another gradient. These values are summed
+    instead (one dense all-reduce of the same shape on every worker), which is the gradient one process has.
+    Slices looked up at the batch's rows (a token embedding) stay gathered: one process has one row per token
+    of the batch, duplicates unmerged, and so does the concatenation.
+    """
+    import tensorflow as tf
+
+    all_reduce = optimizer._all_reduce_sum_gradients
+
+    def reduce(grads_and_vars):
+        pairs = list(grads_and_vars)
+        context, batch_ops = tf.distribute.get_replica_context(), getattr(_step, "ops", None)
+        if context is None or context.num_replicas_in_sync == 1 or batch_ops is None:
+            return all_reduce(pairs)
+        shared = [
+            i
+            for i, (g, _) in enumerate(pairs)
+            if isinstance(g, tf.IndexedSlices) and not from_batch(g.indices, batch_ops)
+        ]
+        if not shared:
+            return all_reduce(pairs)
+        reduced = dict(
+            zip(
+                shared,
+                context.all_reduce(tf.distribute.ReduceOp.SUM, [pairs[i][0].values for i in shared]),
+                strict=True,
+            )
+        )
+        others = [i for i in range(len(pairs)) if i not in reduced]
+        reduced.update(zip(others, [g for g, _ in all_reduce([pairs[i] for i in others])], strict=True))
+        return [
+            (tf.IndexedSlices(reduced[i], g.indices, g.dense_shape) if i in shared else reduced[i], v)
+            for i, (g, v) in enumerate(pairs)
+        ]
+
+    optimizer._all_reduce_sum_gradients = reduce
+
+
 WIRE_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 
 
@@ -156,8 +232,8 @@ def clip_after_all_reduce(optimizer: keras.optimizers.Optimizer) -> None:
 
 
 def average_over_workers(optimizer: keras.optimizers.Optimizer, world: int) -> None:
-    """Make the optimizer apply the workers' mean gradient, not their sum (a model's own step:
-    each worker's loss is its rows' mean, as in one process; see `own_step`)."""
+    """Make the optimizer apply the workers' mean gradient, not their sum: every step runs Keras' loss on
+    each worker as one process runs it, times the workers (`loss_reduction`)."""
     if world == 1:
         return
     import tensorflow as tf

@@ -302,3 +302,40 @@ def position_transformer(batch_size: int, tokens: int = 16, vocab: int = 50, cli
     optimizer = keras.optimizers.SGD(0.05, momentum=0.9, **({clip: 0.5} if clip else {}))
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     return model
+
+
+def weighted_own_steps(batch_size: int, features: int = 4):
+    """The guide "Customizing what happens in fit()" with sample weights: its own `train_step` and `test_step`
+    unpack `(x, y, sample_weight)` and give the weights to `compute_loss` and `compute_metrics` (a weighted
+    MAE), returning the step's loss beside the metrics."""
+    import keras
+    import tensorflow as tf
+
+    class WeightedSteps(keras.Model):
+        def train_step(self, data):
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compute_loss(y=y, y_pred=y_pred, sample_weight=sample_weight)
+            gradients = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply_gradients(zip(gradients, self.trainable_variables, strict=True))
+            return {**self.compute_metrics(x, y, y_pred, sample_weight=sample_weight), "loss": loss}
+
+        def test_step(self, data):
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+            y_pred = self(x, training=False)
+            loss = self.compute_loss(y=y, y_pred=y_pred, sample_weight=sample_weight)
+            return {**self.compute_metrics(x, y, y_pred, sample_weight=sample_weight), "loss": loss}
+
+    inputs = keras.Input(batch_shape=(batch_size, features))
+    hidden = keras.layers.Dense(8, activation="tanh")(inputs)
+    model = WeightedSteps(inputs, keras.layers.Dense(1)(hidden))
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", weighted_metrics=["mae"])
+    return model
+
+
+def weighted_rows():
+    """`tests.models.linear_rows` with a sample weight per training and per validation row."""
+    from tests.models import linear_rows
+
+    return linear_rows(weighted=True)

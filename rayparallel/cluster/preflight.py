@@ -40,6 +40,7 @@ class Preflight:
     checkpoint_files: int = 0  # weight files the checkpoint folder holds at most by the end
     checkpoint_file_bytes: int = 0  # about what one of them takes
     settings: dict = field(default_factory=dict)  # train: keys left out, as used (compile's or defaults), for MLflow
+    notes: list[str] = field(default_factory=list)  # what the driver says once before training (rows left out)
 
 
 def check_accumulation(spec: JobSpec, steps_per_epoch: int) -> None:
@@ -74,6 +75,7 @@ class _Opened:
     val_features: Any = None
     weighted: bool = False  # the loader gave sample weights
     weights: Any = None  # those of the training rows (all, or a dataset's first batch)
+    rows: tuple[int, int] = (0, 0)  # a plain loader's training and validation rows (0: another source, rank-aware)
 
 
 def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
@@ -85,7 +87,7 @@ def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
     model = build_model(spec.model, spec.per_worker_batch_size, spec.train.dtype_policy)
     train = compiled.resolve(spec.train, model)
     own = own_step.overridden(model)
-    own_step.check_job(spec, model, weighted=data.weighted)
+    own_step.check_job(spec, model)
     if data.sample_x is not None:
         check_inputs(model, data.sample_x, "data.x" if spec.data.dataset is not None else "data.loader x_train")
     optimizer = compile_objects.make_optimizer(train.optimizer)
@@ -99,7 +101,9 @@ def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
     if data.weighted and not own:
         check_weights(model, outputs.first_rows((data.features, y_train, data.weights), rows), train.loss)
     val = outputs.first_rows((data.val_features, y_val), rows) if y_val is not None else None
-    train_keys, val_keys = own_step.trial_step(model, outputs.first_rows((data.features, y_train), rows), val, own)
+    first = outputs.first_rows(own_step.packed(data.features, y_train, data.weights), rows)
+    train_keys, val_keys = own_step.trial_step(model, first, val, own)
+    notes = last_batch(spec, model, data, own)
     check_accumulation(spec, data.steps)
     scale = [LOSS_SCALE] if spec.train.loss_scale else []
     keys = train_keys + list(THROUGHPUT) + scale + val_keys
@@ -117,6 +121,7 @@ def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
         files,
         weight_file_bytes(model),
         compiled.described(spec.train, train),
+        notes,
     )
 
 
@@ -162,7 +167,45 @@ def _open_data(spec: JobSpec) -> _Opened:
         val_features=x_val,
         weighted=weighted,
         weights=data.train.w,
+        rows=(0, 0) if rank_aware else (data.train.rows, data.val.rows if data.val is not None else 0),
     )
+
+
+def last_batch(spec: JobSpec, model: keras.Model, data: _Opened, own: list[str]) -> list[str]:
+    """A plain loader's rows past the last full global batch: a last, shorter batch, as `fit` takes it, when the
+    model's batch is free; left out, said once, when it is fixed (stateful layers, or a model that fails on
+    fewer rows: `fit` cannot take them either). Sets the source's `last_partial` and the steps per epoch."""
+    global_batch, world = spec.train.global_batch_size, spec.scaling.max_workers
+    rest = [rows % global_batch for rows in data.rows]
+    if not any(rest):
+        return []
+    fixed = "stateful layers" if replica.stateful_layers(model) else _fails_on_fewer_rows(model, data, rest, world)
+    if fixed:
+        left_out = f"{rest[0]} training" + (f" and {rest[1]} validation" if rest[1] else "")
+        return [
+            f"rayparallel: each epoch leaves out the last {left_out} rows, which do not fill a global batch of "
+            f"{global_batch}: the model's batch is fixed ({fixed}), so fit cannot take them either"
+        ]
+    uneven = [r for r in rest if r % world]
+    if own and uneven:  # its own means over rows are per worker: exact only on equal shares
+        raise DataError(
+            f"data.loader: expected rows that leave a last batch divisible by the {world} workers for a model with "
+            f"its own {', '.join(own)} (its means are per worker), received a last batch of {uneven[0]} rows "
+            f"({data.rows[0]} training, {data.rows[1]} validation rows, global batch {global_batch})"
+        )
+    data.source.last_partial = True
+    data.steps = shards.steps_per_epoch(data.rows[0], global_batch, last_partial=True)
+    return []
+
+
+def _fails_on_fewer_rows(model: keras.Model, data: _Opened, rest: list[int], world: int) -> str:
+    """Why the model cannot run on a worker's share of a shorter last batch (the smallest), or ''."""
+    rows = max(1, min(r // world for r in rest if r))
+    try:
+        model(outputs.first_rows(data.features, rows), training=False)
+    except Exception as exc:  # the user's model: any error, named with its first line
+        return f"it fails on {rows} rows: {type(exc).__name__}: {first_line(exc)}"
+    return ""
 
 
 def _opened_keras_input(spec: JobSpec, out: dict, batch: int, rank_aware: bool) -> _Opened:

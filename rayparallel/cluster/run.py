@@ -158,6 +158,8 @@ def run_job(
         with warned_while(checks_waiting(plan.spec), plan.spec.run.stall_warning_s, printer(verbose)):
             checks = checks()
         check_folders(plan.spec, output_dir, checks, verbose)
+        for note in checks.notes:
+            printer(verbose)(note)
         run = Launch(
             output_dir=output_dir,
             source_name=source_name,

@@ -4,7 +4,8 @@ The loop sees one interface, `Feed`; four sources stand behind it:
 
 - a plain loader's arrays (`ArrayFeed`), loaded once by the driver and put in Ray's object
   store, read by every worker of a node without a copy; each worker takes its slice of every
-  global batch (`shards.worker_rows`), so any worker count trains the model one process would;
+  global batch (`shards.worker_steps`), the last, shorter one too where the model's batch is
+  free (`DataSource.last_partial`), so any worker count trains the model `fit` would;
 - a rank-aware loader's rows (`ArrayFeed` over this worker's own rows): the loader was told
   the worker's `Shard` and returned only its rows;
 - Ray Data (`DatasetFeed`): this worker's dataset shard, streamed (`datasets.shard_batches`);
@@ -47,6 +48,7 @@ class DataSource:
     keras_input: bool = False  # the loader returns datasets: every worker calls it, but for served ones
     served: keras_inputs.KerasInput | None = None  # PyDatasets: their batches come from `batch_server`
     batch_server: ActorHandle | None = None  # started by the driver (`launch.shared_with_workers`)
+    last_partial: bool = False  # arrays: the rows past the last full batch are a last, shorter one (as in fit)
 
 
 def open_feed(
@@ -77,12 +79,13 @@ def open_feed(
     import ray
 
     data = ray.get(source.arrays) if isinstance(source.arrays, ray.ObjectRef) else source.arrays  # zero-copy
-    return ArrayFeed(data, spec.data.layout, spec.train.seed, global_batch, rank, world)
+    return ArrayFeed(data, spec.data.layout, spec.train.seed, global_batch, rank, world, source.last_partial)
 
 
 class Feed:
     steps: int  # training steps per epoch, the same on every worker
     val_steps: int  # 0: no validation data
+    short_last = (0, 0)  # the global rows of the last training and validation steps where shorter (0: full)
     sample_x: Any  # features of some rows, as the source gives them (a model's own step is built on them)
     sample_y: Any  # training targets of those rows (compile's loss and metrics are built on them)
     baselines: dict
@@ -93,6 +96,15 @@ class Feed:
 
     def train(self, epoch: int) -> Iterator[Batch]:
         return self._timed(self._train(epoch), self.epoch_start_waits)
+
+    def batch_at(self, step: int, global_batch: int, val: bool = False) -> int:
+        """The global rows of step `step` (1-based) of a training (or validation) pass."""
+        last, steps = (self.short_last[1], self.val_steps) if val else (self.short_last[0], self.steps)
+        return last if last and step == steps else global_batch
+
+    def rows_through(self, step: int, global_batch: int, val: bool = False) -> int:
+        """The global rows of a pass's first `step` steps."""
+        return (step - 1) * global_batch + self.batch_at(step, global_batch, val)
 
     def val(self) -> Iterator[Batch]:
         return self._timed(self._val())
@@ -120,24 +132,35 @@ class Feed:
 class ArrayFeed(Feed):
     """Arrays in memory: all rows (this worker takes its slice of each global batch) or only its own."""
 
-    def __init__(self, data: shards.Data, layout: str, seed: int | list[int], global_batch: int, rank: int, world: int):
+    def __init__(
+        self,
+        data: shards.Data,
+        layout: str,
+        seed: int | list[int],
+        global_batch: int,
+        rank: int,
+        world: int,
+        last_partial: bool = False,
+    ):
         super().__init__()
-        self.data, self.layout, self.seed = data, layout, seed
+        self.data, self.layout, self.seed, self.last_partial = data, layout, seed, last_partial
         self.global_batch, self.rank, self.world = global_batch, rank, world
-        start, stop = rank_rows(global_batch, world, rank)
-        self.per_worker = stop - start
-        self.steps = shards.steps_per_epoch(data.train.rows, global_batch)
-        self.val_steps = shards.steps_per_epoch(data.val.rows, global_batch) if data.val else 0
+        self.steps = shards.steps_per_epoch(data.train.rows, global_batch, last_partial)
+        self.val_steps = shards.steps_per_epoch(data.val.rows, global_batch, last_partial) if data.val else 0
+        self.train_rows = min(data.train.rows, self.steps * global_batch)
+        self.val_rows = min(data.val.rows, self.val_steps * global_batch) if data.val else 0
+        self.short_last = (self.train_rows % global_batch, self.val_rows % global_batch)
         self.sample_x, self.sample_y, self.baselines = data.train.x, data.train.y, data.baselines
 
     def _train(self, epoch: int) -> Iterator[Batch]:
         order = shards.epoch_order(self.data.train.rows, epoch - 1, self.layout, self.seed)
-        rows = shards.worker_rows(order, self.global_batch, self.rank, self.world)
-        return shards.batches(self.data.train, rows[: self.steps * self.per_worker], self.per_worker)
+        return shards.batches(self.data.train, self._steps(order[: self.train_rows]))
 
     def _val(self) -> Iterator[Batch]:
-        rows = shards.worker_rows(np.arange(self.data.val.rows), self.global_batch, self.rank, self.world)
-        return shards.batches(self.data.val, rows[: self.val_steps * self.per_worker], self.per_worker)
+        return shards.batches(self.data.val, self._steps(np.arange(self.val_rows)))
+
+    def _steps(self, order: np.ndarray) -> Iterator[np.ndarray]:
+        return shards.worker_steps(order, self.global_batch, self.rank, self.world, self.last_partial)
 
 
 def own_rows_feed(

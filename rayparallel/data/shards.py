@@ -5,7 +5,9 @@ of it (`spec.rank_rows`: B/N rows, one more for the first B % N ranks). With
 `layout: streams` the order is the identity, so row i of every global batch is stream i and
 worker r always owns streams `[start, stop)`. With
 `layout: shuffle` the order is a permutation drawn from `(seed, epoch)`, the same on every
-worker. Only full batches are used, so every worker runs the same number of steps.
+worker. Every worker runs the same number of steps. The rows past the last full batch form a
+last, shorter global batch, split across the workers as any batch is (as `fit` trains on
+them), unless the model's batch is fixed (stateful layers): then they are left out.
 """
 
 from __future__ import annotations
@@ -204,8 +206,8 @@ def take(x: Any, rows: Any) -> Any:
     return x[rows]
 
 
-def batches(split: Split, rows: np.ndarray, per_worker: int) -> Iterator[tuple[Any, np.ndarray, np.ndarray | None]]:
-    """This worker's rows as full per-worker batches, in step order.
+def batches(split: Split, step_rows: Iterator[np.ndarray]) -> Iterator[tuple[Any, np.ndarray, np.ndarray | None]]:
+    """This worker's batches, one per array of row indices of `step_rows` (see `worker_steps`), in step order.
 
     One small gather per step, fed straight to the compiled step: the arrays stay where they
     are (read-only in Ray's object store, shared by the node's workers), so a worker holds a
@@ -213,14 +215,23 @@ def batches(split: Split, rows: np.ndarray, per_worker: int) -> Iterator[tuple[A
     threads (prefetch, autotune) wait for a time slice and stall the step, which halved
     2-worker throughput in some epochs here (benchmarks/RESULTS.md).
     """
-    for start in range(0, len(rows) - per_worker + 1, per_worker):
-        batch = rows[start : start + per_worker]
+    for batch in step_rows:
         w = split.w[batch] if split.w is not None else None  # None: Keras' loss without weights, as fit calls it
         yield take(split.x, batch), take(split.y, batch), w
 
 
-def steps_per_epoch(rows: int, global_batch_size: int) -> int:
-    return rows // global_batch_size
+def steps_per_epoch(rows: int, global_batch_size: int, last_partial: bool = False) -> int:
+    """Full global batches, and with `last_partial` one more for the rows past them, if any."""
+    return -(-rows // global_batch_size) if last_partial else rows // global_batch_size
+
+
+def global_batch_at(step: int, rows: int, global_batch_size: int) -> int:
+    """The rows of step `step` (1-based) of an epoch of `rows`: the global batch, or the last one's rest.
+
+    >>> [global_batch_at(step, 20, 8) for step in (1, 2, 3)]
+    [8, 8, 4]
+    """
+    return min(global_batch_size, rows - (step - 1) * global_batch_size)
 
 
 def epoch_order(rows: int, epoch: int, layout: str, seed: int | list[int]) -> np.ndarray:
@@ -230,12 +241,25 @@ def epoch_order(rows: int, epoch: int, layout: str, seed: int | list[int]) -> np
     return np.random.default_rng([*np.atleast_1d(seed).tolist(), epoch]).permutation(rows)
 
 
+def worker_steps(
+    order: np.ndarray, global_batch_size: int, rank: int, num_workers: int, last_partial: bool = False
+) -> Iterator[np.ndarray]:
+    """This worker's rows of each global batch, step after step: its slice (`rank_rows`) of every full
+    batch, and with `last_partial` of the shorter last one (a worker may get no row of it).
+
+    >>> [rows.tolist() for rows in worker_steps(np.arange(11), 4, rank=1, num_workers=2, last_partial=True)]
+    [[2, 3], [6, 7], [10]]
+    """
+    for step in range(1, steps_per_epoch(len(order), global_batch_size, last_partial) + 1):
+        first = (step - 1) * global_batch_size
+        start, stop = rank_rows(global_batch_at(step, len(order), global_batch_size), num_workers, rank)
+        yield order[first + start : first + stop]
+
+
 def worker_rows(order: np.ndarray, global_batch_size: int, rank: int, num_workers: int) -> np.ndarray:
-    """This worker's rows, step after step: its slice of each full global batch.
+    """This worker's rows of the full global batches, step after step, as one array.
 
     >>> worker_rows(np.arange(10), 5, rank=1, num_workers=2).tolist()
     [3, 4, 8, 9]
     """
-    steps = len(order) // global_batch_size
-    start, stop = rank_rows(global_batch_size, num_workers, rank)
-    return order[: steps * global_batch_size].reshape(steps, global_batch_size)[:, start:stop].reshape(-1)
+    return np.concatenate([np.arange(0), *worker_steps(order, global_batch_size, rank, num_workers)])

@@ -145,14 +145,13 @@ class WorkerRun:
         """The compiled steps (ours, or the model's own) and the figures they give."""
         spec = self.spec
         if self.own:
-            self.steps = own_step.OwnSteps(self.strategy, self.model, self.global_batch)
+            self.steps = own_step.OwnSteps(self.strategy, self.model)
             self.epoch_logs = own_step.OwnStepLogs(self.steps, self.reducer, self.rank, self.world)
             return
         self.steps = Steps(
             self.strategy,
             self.model,
             self.optimizer,
-            self.global_batch,
             replica.use_jit(spec.train.jit_compile, self.model),
             spec.train.loss_scale,
             spec.train.gradient_accumulation_steps,
@@ -254,7 +253,8 @@ class WorkerRun:
             self._check_finite(epoch)
             self.batch_norm.agree(self.reducer)  # before validation, which normalizes with them
             seconds = time.perf_counter() - started
-            logs["samples_per_s"] = (self.steps_per_epoch - skip) * self.global_batch / seconds
+            trained = self.feed.rows_through(self.steps_per_epoch, self.global_batch)
+            logs["samples_per_s"] = (trained - skip * self.global_batch) / seconds
             if self.steps.loss_scale is not None:
                 logs[LOSS_SCALE] = float(self.steps.loss_scale.value.numpy())
             logs["input_wait_fraction"] = min(1.0, self.feed.wait_s / seconds)
@@ -319,31 +319,30 @@ class WorkerRun:
                 continue
             y = outputs.targets_by_output(y, self.output_names, "train")
             global_step = (epoch - 1) * steps_per_epoch + step
-            train_step = self.steps.step(global_step)
+            train_step, rows = self.steps.step(global_step), self.feed.batch_at(step, self.global_batch)
             if first and step == skip + 1:
-                train_step.get_concrete_function(x, y, w)  # trace apart from the run, to time both
+                train_step.get_concrete_function(x, y, w, rows)  # trace apart from the run, to time both
                 self._mark("first_step_traced")
-            train_step(x, y, w)
+            train_step(x, y, w, rows)
             self.watchdog.beat()  # armed from the first finished step: tracing is not timed
             if first and step == skip + 1:
                 self._mark("first_step_done")
             if self.cadence.due(step):
                 seconds = time.perf_counter() - started
-                loss = self.epoch_logs.running_loss(step, seconds)  # a collective: every rank calls it
+                done = self.feed.rows_through(step, self.global_batch)
+                loss = self.epoch_logs.running_loss(done, seconds)  # a collective: every rank calls it
                 self.cadence.observe(self.epoch_logs.rank0_seconds, step)
                 self._check_finite(epoch)
                 if self.rank == 0:
-                    self.actor.log_progress.remote(
-                        epoch, step, steps_per_epoch, loss, step * self.global_batch / seconds, seconds
-                    )
+                    self.actor.log_progress.remote(epoch, step, steps_per_epoch, loss, done / seconds, seconds)
                 self.callbacks.on_train_batch_end(step, {"loss": loss})
             if save_every and global_step % save_every == 0:
-                running = {"loss": self.epoch_logs.running_loss(step)}
+                running = {"loss": self.epoch_logs.running_loss(self.feed.rows_through(step, self.global_batch))}
                 self.batch_norm.agree(self.reducer)
                 self.save(resume.snapshot(self.model.weights), epoch, global_step, step, running)
             if resume_every and global_step % resume_every == 0 and step < steps_per_epoch:  # ends: Ray's
                 self.save_resume_point(epoch, step)
-        return self.epoch_logs.collect(steps_per_epoch)
+        return self.epoch_logs.collect(self.feed.rows_through(steps_per_epoch, self.global_batch))
 
     def _callbacks_epoch_end(self, epoch: int, logs: dict) -> str | None:
         """The callbacks see the epoch's global logs with Keras' keys, and may add to them
@@ -397,11 +396,13 @@ class WorkerRun:
         """Validation on every worker's own rows; states reset before and after."""
         replica.reset_states(self.stateful)
         self.steps.reset()
-        for x, y, w in self.feed.val():
-            self.steps.eval_step(x, outputs.targets_by_output(y, self.output_names, "val"), w)
+        for step, (x, y, w) in enumerate(self.feed.val(), start=1):
+            rows = self.feed.batch_at(step, self.global_batch, val=True)
+            self.steps.eval_step(x, outputs.targets_by_output(y, self.output_names, "val"), w, rows)
             self.watchdog.beat()
         replica.reset_states(self.stateful)
-        return self.epoch_logs.collect(self.feed.val_steps, prefix="val_")
+        rows = self.feed.rows_through(self.feed.val_steps, self.global_batch, val=True)
+        return self.epoch_logs.collect(rows, prefix="val_")
 
     def save(self, weights: list, epoch: int, step: int, batch: int, logs: dict) -> None:
         """Same decision on every rank (global logs); only rank 0 ships the weights."""

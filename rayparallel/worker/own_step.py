@@ -41,9 +41,10 @@ def overridden(model: keras.Model, names: tuple[str, ...] = OWN_STEPS) -> list[s
     return [name for name in names if getattr(type(model), name, None) is not getattr(keras.Model, name)]
 
 
-def check_job(spec: JobSpec, model: keras.Model, weighted: bool) -> None:
+def check_job(spec: JobSpec, model: keras.Model) -> None:
     """What of rayparallel's own step machinery a model's step cannot use: refused, never ignored. A model's
-    own `compute_loss` runs in rayparallel's step (all of it applies), but its means over rows are its own."""
+    own `compute_loss` runs in rayparallel's step (all of it applies), but its means over rows are its own.
+    Sample and class weights reach a model's own step as `fit` passes them (`packed`)."""
     steps, loss = overridden(model), overridden(model, OWN_LOSS)
     if not (steps or loss):
         return
@@ -52,7 +53,6 @@ def check_job(spec: JobSpec, model: keras.Model, weighted: bool) -> None:
         (train.gradient_accumulation_steps > 1, "train.gradient_accumulation_steps", "1"),
         (train.dtype_policy == "mixed_float16", "train.dtype_policy", "float32 or mixed_bfloat16 (no loss scaling)"),
         (train.jit_compile is True, "train.jit_compile", "auto or false"),
-        (train.class_weight is not None or weighted, "train.class_weight and sample weights", "none"),
     ]
     uneven = (len(set(spec.possible_batch_sizes)) > 1, "scaling.num_workers", "a divisor of train.global_batch_size")
     for refuse, key, wanted in (refused if steps else []) + [uneven]:  # only compute_loss: the rest is our step
@@ -63,17 +63,21 @@ def check_job(spec: JobSpec, model: keras.Model, weighted: bool) -> None:
             )
 
 
+def packed(x: Any, y: Any, w: Any) -> tuple:
+    """A step's `data` as `fit` hands it over: `(x, y)`, or `(x, y, sample_weight)` when there are weights
+    (`keras.utils.unpack_x_y_sample_weight` reads either)."""
+    return (x, y) if w is None else (x, y, w)
+
+
 def _setting(spec: JobSpec, key: str) -> Any:
     if key == "scaling.num_workers":
         return f"{spec.scaling.num_workers} (uneven shards: a mean of per-worker means is not the global mean)"
-    if key.startswith("train.class_weight"):
-        return "weights (the loader's sample_weight_train or train.class_weight)"
     return getattr(spec.train, key.split(".")[1])
 
 
 def trial_step(model: keras.Model, data: tuple, val_data: tuple | None, own: bool) -> tuple[list[str], list[str]]:
     """The model's steps once, in the driver, on one worker's rows (`data`, as Keras names a step's
-    argument): the history keys they give. Without a step of its own, `Steps` computes Keras' loss and
+    argument, `packed`): the history keys they give. Without a step of its own, `Steps` computes Keras' loss and
     metrics as its `test_step` does: that one, which makes no update, gives the keys."""
     keys = _logs_keys(model, "train_step" if own else "test_step", data)
     val_keys = [f"val_{k}" for k in _logs_keys(model, "test_step", val_data)] if val_data is not None else []
@@ -86,7 +90,8 @@ def _logs_keys(model: keras.Model, step: str, data: tuple) -> list[str]:
         logs = getattr(model, step)(data)
     except Exception as exc:  # the user's code: any error, named with its first line
         raise ModelError(
-            f"model.{step}: expected a step that runs on a batch of (x, y), received {type(exc).__name__}: "
+            f"model.{step}: expected a step that runs on a batch of {'(x, y, sample_weight)' if len(data) == 3 else '(x, y)'}, "
+            f"received {type(exc).__name__}: "
             f"{first_line(exc)}"
         ) from None
     if not isinstance(logs, dict) or not logs:
@@ -104,7 +109,7 @@ class OwnSteps:
     loss_scale = None
     accumulation_steps = 1
 
-    def __init__(self, strategy: tf.distribute.Strategy, model: keras.Model, global_batch_size: int):
+    def __init__(self, strategy: tf.distribute.Strategy, model: keras.Model):
         import tensorflow as tf
 
         self.model, self.strategy = model, strategy
@@ -114,19 +119,19 @@ class OwnSteps:
         self.steps_run = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.first_nonfinite = tf.Variable(0, dtype=tf.int64, trainable=False)
 
-        def train_replica(x, y, w):
-            logs = model.train_step((x, y))
+        def train_replica(x, y, w, global_batch):
+            logs = model.train_step(packed(x, y, w))
             self.steps_run.assign_add(1)
             if "loss" in logs:
                 bad = tf.logical_and(tf.logical_not(tf.math.is_finite(logs["loss"])), tf.equal(self.first_nonfinite, 0))
                 self.first_nonfinite.assign(tf.where(bad, self.steps_run, self.first_nonfinite))
             return _scalars(logs)
 
-        def eval_replica(x, y, w):
-            return _scalars(model.test_step((x, y)))
+        def eval_replica(x, y, w, global_batch):
+            return _scalars(model.test_step(packed(x, y, w)))
 
-        self.train_step = KeepsLast(on_replicas(strategy, global_batch_size, train_replica))
-        self.eval_step = KeepsLast(on_replicas(strategy, global_batch_size, eval_replica))
+        self.train_step = KeepsLast(on_replicas(strategy, train_replica))
+        self.eval_step = KeepsLast(on_replicas(strategy, eval_replica))
 
     def step(self, global_step: int) -> Any:
         return self.train_step
@@ -160,10 +165,10 @@ class OwnStepLogs(EpochLogs):
     """The model's logs made global: a metric's result from its states summed over all workers, any
     other log (a raw loss tensor) the workers' mean of their last step's value, as `fit` keeps the last."""
 
-    def running_loss(self, steps_done: int, seconds: float = 0.0) -> float:
+    def running_loss(self, rows_done: int, seconds: float = 0.0) -> float:
         return self._global_logs(self._steps.train_step.last, seconds).get("loss", float("nan"))
 
-    def collect(self, steps_done: int, prefix: str = "") -> dict[str, float]:
+    def collect(self, rows_done: int, prefix: str = "") -> dict[str, float]:
         step = self._steps.eval_step if prefix else self._steps.train_step
         return {prefix + key: value for key, value in self._global_logs(step.last).items()}
 

@@ -28,28 +28,30 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
 
-def on_replicas(strategy: tf.distribute.Strategy, global_batch_size: int, replica_step: Any) -> Any:
-    """`replica_step(x, y, w)` compiled to run on every worker's rows, its Keras losses traced as one process
-    computes them over the global batch (`global_batch_losses`): the one contract of every step."""
+def on_replicas(strategy: tf.distribute.Strategy, replica_step: Any) -> Any:
+    """`replica_step(x, y, w, global_batch)` compiled to run on every worker's rows, its Keras losses traced as
+    one process computes them over the step's global batch (`global_batch_losses`): the one contract of every
+    step. The compiled function is called as `(x, y, w, global_batch)`: a Python int, so a shorter last batch
+    is traced apart (a worker's rows alone cannot tell it: 16 rows on 3 workers are 6, 5, 5 and 15 are 5, 5, 5)."""
     import tensorflow as tf
 
-    def traced(x, y, w):
+    def traced(x, y, w, global_batch):
         rows = int(tf.nest.flatten(y)[0].shape[0])  # this worker's, known when the step is traced
-        with global_batch_losses(global_batch_size, rows, strategy.num_replicas_in_sync), step_inputs(x, y, w):
-            return replica_step(x, y, w)
+        with global_batch_losses(global_batch, rows, strategy.num_replicas_in_sync), step_inputs(x, y, w):
+            return replica_step(x, y, w, global_batch)
 
-    return tf.function(lambda x, y, w: strategy.run(traced, args=(x, y, w)))
+    return tf.function(lambda x, y, w, global_batch: strategy.run(traced, args=(x, y, w, global_batch)))
 
 
 class Steps:
-    """Compiled train/eval steps for one replica; `loss_total` holds this worker's share of the loss."""
+    """Compiled train/eval steps for one replica; `loss_total` holds this worker's share of the loss summed
+    over the global batches' rows (Keras' loss tracker weighs each batch's loss by its rows)."""
 
     def __init__(
         self,
         strategy: tf.distribute.Strategy,
         model: keras.Model,
         optimizer: keras.optimizers.Optimizer,
-        global_batch_size: int,
         jit_compile: bool = False,
         initial_loss_scale: float | None = None,
         accumulation_steps: int = 1,
@@ -62,7 +64,7 @@ class Steps:
         self.steps_run = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.first_nonfinite = tf.Variable(0, dtype=tf.int64, trainable=False)  # 1-based step, 0: none
         self.loss_scale = LossScale(initial_loss_scale) if initial_loss_scale is not None else None
-        self.optimizer, self.global_batch_size = optimizer, global_batch_size
+        self.optimizer = optimizer
         self.replicas, self.accumulation_steps = strategy.num_replicas_in_sync, accumulation_steps
         # gradient accumulation: k-1 steps add their gradients here (no collective), the k-th applies
         # the mean of all k, as Keras' optimizer with gradient_accumulation_steps=k does in one process
@@ -76,9 +78,9 @@ class Steps:
         )  # XLA: forward and backward; the gradient all-reduce and the update stay outside it
 
         # `w`: None or the sample (or class) weights, as `fit` passes them to compute_loss and compute_metrics
-        self.train_step = on_replicas(strategy, global_batch_size, self._train_replica)
-        self.accumulate_step = on_replicas(strategy, global_batch_size, self._accumulate_replica)
-        self.eval_step = on_replicas(strategy, global_batch_size, self._eval_replica)
+        self.train_step = on_replicas(strategy, self._train_replica)
+        self.accumulate_step = on_replicas(strategy, self._accumulate_replica)
+        self.eval_step = on_replicas(strategy, self._eval_replica)
 
     def _loss(self, x: Any, y: Any, y_pred: Any, w: Any, training: bool) -> tf.Tensor:
         return self.model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=w, training=training)
@@ -92,13 +94,13 @@ class Steps:
             scaled = loss * self.loss_scale.value if self.loss_scale is not None else loss
         return loss, y_pred, tape.gradient(scaled, self.model.trainable_variables)
 
-    def _accumulate_replica(self, x: Any, y: Any, w: Any) -> None:
+    def _accumulate_replica(self, x: Any, y: Any, w: Any, global_batch: int) -> None:
         loss, y_pred, grads = self._forward_backward(x, y, w)
         for total, grad in zip(self.accumulated, grads, strict=True):
             total.assign_add(grad)
-        self._after_step(loss, x, y, y_pred, w)
+        self._after_step(loss, x, y, y_pred, w, global_batch)
 
-    def _train_replica(self, x: Any, y: Any, w: Any) -> None:
+    def _train_replica(self, x: Any, y: Any, w: Any, global_batch: int) -> None:
         import tensorflow as tf
 
         loss, y_pred, grads = self._forward_backward(x, y, w)
@@ -112,30 +114,30 @@ class Steps:
             self.loss_scale.apply(self.optimizer, grads, variables)
         else:
             self.optimizer.apply_gradients(zip(grads, variables, strict=True))
-        self._after_step(loss, x, y, y_pred, w)
+        self._after_step(loss, x, y, y_pred, w, global_batch)
 
-    def _eval_replica(self, x: Any, y: Any, w: Any) -> None:
+    def _eval_replica(self, x: Any, y: Any, w: Any, global_batch: int) -> None:
         y_pred = self.model(x, training=False)
-        self._record(self._loss(x, y, y_pred, w, training=False), x, y, y_pred, w)
+        self._record(self._loss(x, y, y_pred, w, training=False), x, y, y_pred, w, global_batch)
 
     def step(self, global_step: int) -> Any:
         """The compiled step for this global step (1-based): an update, or an accumulation."""
         return self.train_step if global_step % self.accumulation_steps == 0 else self.accumulate_step
 
-    def _after_step(self, loss: tf.Tensor, x: Any, y: Any, y_pred: Any, w: Any) -> None:
+    def _after_step(self, loss: tf.Tensor, x: Any, y: Any, y_pred: Any, w: Any, global_batch: int) -> None:
         import tensorflow as tf
 
-        self._record(loss, x, y, y_pred, w)
+        self._record(loss, x, y, y_pred, w, global_batch)
         self.steps_run.assign_add(1)
         first = tf.logical_and(tf.logical_not(tf.math.is_finite(loss)), tf.equal(self.first_nonfinite, 0))
         self.first_nonfinite.assign(tf.where(first, self.steps_run, self.first_nonfinite))
 
-    def _record(self, loss: tf.Tensor, x: Any, y: Any, y_pred: Any, w: Any) -> None:
-        """This worker's share of the global loss (its loss is the global one's estimate times the workers),
-        and the model's metrics, updated as Keras' own step updates them."""
+    def _record(self, loss: tf.Tensor, x: Any, y: Any, y_pred: Any, w: Any, global_batch: int) -> None:
+        """This worker's share of the global loss (its loss is the global one's estimate times the workers)
+        weighted by the step's global rows, and the model's metrics, updated as Keras' own step updates them."""
         import tensorflow as tf
 
-        self.loss_total.assign_add(tf.cast(loss, tf.float64) / self.replicas)
+        self.loss_total.assign_add(tf.cast(loss, tf.float64) * (global_batch / self.replicas))
         self.model.compute_metrics(x, y, y_pred, sample_weight=w)
 
     def reset(self) -> None:
@@ -205,21 +207,22 @@ class EpochLogs:
         self.nonfinite_step = 0
         self.rank0_seconds = 0.0
 
-    def running_loss(self, steps_done: int, seconds: float = 0.0) -> float:
-        """The mean loss so far this epoch; `seconds` is this rank's time in the epoch."""
+    def running_loss(self, rows_done: int, seconds: float = 0.0) -> float:
+        """The mean loss so far this epoch over its `rows_done` global rows; `seconds` is this rank's time in it."""
         total, _ = self._reduce([], seconds)
-        return total / max(steps_done, 1)
+        return total / max(rows_done, 1)
 
-    def collect(self, steps_done: int, prefix: str = "") -> dict[str, float]:
-        """Mean loss per step and the model's metrics (Keras' names: `<output>_loss`, `<output>_<metric>`
-        with several outputs), over the whole global batch of every step."""
+    def collect(self, rows_done: int, prefix: str = "") -> dict[str, float]:
+        """The loss (each step's weighted by its global rows, as Keras' loss tracker weighs it) and the model's
+        metrics (Keras' names: `<output>_loss`, `<output>_<metric>` with several outputs), over the whole
+        global batch of every step."""
         metrics = self._steps.metrics
         variables = [v for m in metrics for v in m.variables]
         total, summed = self._reduce([v.numpy() for v in variables])
         for variable, value in zip(variables, summed, strict=True):
             variable.assign(np.asarray(value).astype(variable.dtype))
         logs, _ = metric_results(metrics)
-        logs["loss"] = total / max(steps_done, 1)  # Keras' loss tracker is not fed: `loss_total` holds it
+        logs["loss"] = total / max(rows_done, 1)  # Keras' loss tracker is not fed: `loss_total` holds it
         return {prefix + key: value for key, value in logs.items()}
 
     def _reduce(self, arrays: list, seconds: float = 0.0) -> tuple[float, list]:

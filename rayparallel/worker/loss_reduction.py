@@ -51,7 +51,7 @@ def global_batch_losses(global_batch: int, rows: int, world: int) -> Iterator[No
     _install()
     losses = hook("keras_losses")
     before = getattr(_traced, "batches", None), losses.scale_loss_for_distribution, losses.unscale_loss_for_distribution
-    tracked = global_batch / (world * rows)
+    tracked = global_batch / (world * rows) if rows else 1  # no row of a short last batch: the tracker adds 0
     _traced.batches = (global_batch, rows)
     losses.scale_loss_for_distribution = _unchanged
     losses.unscale_loss_for_distribution = _unchanged if tracked == 1 else _scaled_by(tracked)
@@ -112,10 +112,11 @@ def _share(keras_reduce, batches: tuple[int, int], values, sample_weight, mask, 
     from keras import ops
 
     values = ops.convert_to_tensor(values, dtype=dtype)
-    if values.shape.rank == 0 or values.shape.num_elements() == 0:  # Keras leaves these as they are
+    if values.shape.rank == 0:  # Keras leaves it as it is
         replicas = tf.distribute.get_strategy().num_replicas_in_sync  # a scalar: a mean over its rows, a share each
         return keras_reduce(values, sample_weight, mask, reduction, dtype) / replicas
-    summed = keras_reduce(values, sample_weight, mask, "sum", dtype)  # the mask as 0/1 weights
+    # the mask as 0/1 weights; no row (of a short last batch): Keras' "sum" gives the empty values back, so 0
+    summed = ops.sum(keras_reduce(values, sample_weight, mask, "sum", dtype))
     if reduction == "mean_with_sample_weight" and (sample_weight is not None or mask is not None):
         weights = sample_weight if sample_weight is None else ops.convert_to_tensor(sample_weight, dtype=dtype)
         weights = hook("keras_apply_mask")(weights, mask, dtype=values.dtype, reduction="sum")
@@ -124,7 +125,8 @@ def _share(keras_reduce, batches: tuple[int, int], values, sample_weight, mask, 
     elif mask is not None:  # Keras: the kept elements' count (`apply_mask`)
         divisor = _summed_over_workers(ops.sum(ops.cast(mask, values.dtype)))
     elif values.shape.is_fully_defined() and values.shape[0] == batches[1]:  # a value per row (and more): B/b times
-        divisor = ops.cast(values.shape.num_elements() * batches[0] / batches[1], values.dtype)
+        per_row = values.shape.num_elements() / batches[1] if batches[1] else 1  # no row: a sum of 0 over anything
+        divisor = ops.cast(per_row * batches[0], values.dtype)
     else:
         divisor = _summed_over_workers(ops.cast(ops.size(values), values.dtype))
     return ops.divide_no_nan(summed, divisor)

@@ -33,8 +33,8 @@ def validate(spec: SpecSource, overrides: Iterable[str] = ()) -> JobSpec:
     with ray_session(job, worker_logs=False, only_for_checks=True):
         checks = checked_job(job)
     warning = space_warning_for(job, (Path("runs") / job.name).resolve(), checks)  # train's default folder
-    if warning:
-        print(warning)
+    for line in ([warning] if warning else []) + checks.notes:
+        print(line)
     return job
 
 

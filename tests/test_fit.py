@@ -128,6 +128,49 @@ def test_a_notebook_trains_what_fit_trains_and_shows_the_console(ray_address, tm
     assert_same_as_plain_fit(tmp_path, plain_fit, "notebook")
 
 
+def build_digits(batch_size):
+    """A Keras tutorial's classifier: 64 features, a hidden layer, ten classes; its batch is free (`shape=`)."""
+    import keras
+
+    inputs = keras.Input(shape=(64,))
+    hidden = keras.layers.Dense(32, activation="relu")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(hidden))
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+@pytest.mark.slow
+def test_rows_that_do_not_fill_the_last_batch_train_as_fit_trains_them(ray_address, tmp_path):
+    """scikit-learn's digits as a notebook user passes them: 1,400 training rows (the last batch of 64 holds 56)
+    and 397 validation rows (13 in the last), `class_weight`, `EarlyStopping` and `CSVLogger` instances,
+    `shuffle=False`: the last batches are trained on and evaluated, as Keras `fit` in this process does."""
+    import keras
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x, y = (digits.data / 16.0).astype("float32"), digits.target.astype("int32")
+    train, val = (x[:1400], y[:1400]), (x[1400:], y[1400:])
+    class_weight = {digit: 1.0 + digit / 10 for digit in range(10)}
+
+    def callbacks(folder: Path) -> list:
+        return [keras.callbacks.EarlyStopping(patience=1), keras.callbacks.CSVLogger(str(folder / "log.csv"))]
+
+    keras.utils.set_random_seed(4)
+    model = build_digits(64)
+    arguments = dict(batch_size=64, epochs=3, validation_data=val, class_weight=class_weight, shuffle=False)
+    history = model.fit(*train, callbacks=callbacks(tmp_path), verbose=0, **arguments).history
+    result = rayparallel.fit(
+        build_digits, *train, callbacks=callbacks(Path(".")), train={"seed": 4}, output_dir=tmp_path / "run",
+        mlflow={"enabled": False}, verbose=False, **arguments,
+    )  # fmt: skip
+    error = max_relative_error(final_weights(result.final_weights, build_digits), model.get_weights())
+    print(f"digits, 1,400 rows: rayparallel.fit on 2 workers vs Keras fit, max relative weight error {error:.2e}")
+    assert error < 1e-5
+    for key, values in history.items():
+        assert [epoch[key] for epoch in result.history] == pytest.approx(values, rel=1e-4), key
+    assert (tmp_path / "run/log.csv").read_text().count("\n") == len(history["loss"]) + 1
+
+
 def build_dense(batch_size):
     import keras
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+import yaml
 
 import rayparallel
 from rayparallel.errors import RayParallelError
@@ -27,7 +28,8 @@ class Case:
     loader: str
     how: str  # README's note: what makes it exact, or why it is refused
     workers: tuple[int, ...] = (2,)
-    kwargs: dict = field(default_factory=dict)
+    kwargs: dict = field(default_factory=dict)  # the loader's
+    builder_kwargs: dict = field(default_factory=dict)
     train: dict = field(default_factory=dict)  # `train:` keys beside the builder's compile
     refused: str = ""  # the start of the one-line error, for a cell refused before training
 
@@ -53,6 +55,46 @@ CASES = [
         "clipped_transformer",
         "token_classes",
         "the optimizer clips the all-reduced gradient, as one device clips the whole batch's",
+    ),
+    Case(
+        "keras-io Transformer as written: `TokenAndPositionEmbedding` (positions looked up once, broadcast over "
+        "the batch) under `global_clipnorm`",
+        "position_transformer",
+        "token_classes",
+        "the position embedding's sparse gradient is summed over the workers, not gathered, so the clip norms "
+        "the gradient `fit` norms (3 workers: rows 3, 3, 2)",
+        workers=(2, 3),
+    ),
+    Case(
+        "the same Transformer under `clipnorm`",
+        "position_transformer",
+        "token_classes",
+        "as above, each gradient clipped alone",
+        workers=(2, 3),
+        builder_kwargs={"clip": "clipnorm"},
+    ),
+    Case(
+        "a position embedding without clipping",
+        "position_transformer",
+        "token_classes",
+        "the summed sparse gradient updates as the gathered one did",
+        builder_kwargs={"clip": None},
+    ),
+    Case(
+        "training and validation rows that are not multiples of the global batch (57 and 13 rows, batch 8)",
+        "position_transformer",
+        "token_classes",
+        "the last, shorter batch is trained on and evaluated, split across the workers (3 workers: 1, 0, 0 rows "
+        "of the last training batch), its loss over its own rows, as `fit` takes it",
+        workers=(2, 3),
+        kwargs={"rows": 57, "val_rows": 13},
+    ),
+    Case(
+        "a model's own `train_step` and `test_step` with training and validation `sample_weight` (guide: "
+        "customizing fit)",
+        "weighted_own_steps",
+        "weighted_rows",
+        "each step gets `(x, y, sample_weight)` as `fit` packs it",
     ),
     Case(
         'two outputs: a `Loss` subclass with `reduction="sum"`, `loss_weights`, `metrics` and '
@@ -117,7 +159,7 @@ def table() -> str:
 def spec(case: Case) -> dict:
     return {
         "name": case.builder,
-        "model": {"builder": f"{MODELS}:{case.builder}"},
+        "model": {"builder": f"{MODELS}:{case.builder}", "kwargs": case.builder_kwargs},
         "data": {"loader": f"{MODELS}:{case.loader}", "kwargs": case.kwargs, "layout": "streams"},  # fit's order
         "train": {"global_batch_size": 8, "epochs": 2, "seed": 4, **case.train},
         "mlflow": {"enabled": False},
@@ -128,12 +170,49 @@ def test_the_readme_table_is_the_matrix():
     assert table() in (REPO / "README.md").read_text(), f"README's conformance table should read:\n{table()}"
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.refused], ids=lambda c: c.builder)
+def case_id(case: Case) -> str:
+    return "-".join([case.builder, *(f"{k}={v}" for k, v in {**case.builder_kwargs, **case.kwargs}.items())])
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.refused], ids=case_id)
 def test_a_refused_cell_is_one_line_before_training(case):
     with pytest.raises(RayParallelError) as info:
         rayparallel.validate(spec(case), [f"scaling.num_workers={max(case.workers)}"])
     assert str(info.value).startswith(case.refused), str(info.value)
     assert "\n" not in str(info.value)
+
+
+def sines_and_a_rest(global_batch_size: int) -> dict:
+    """`tests.models.sine_streams` and 5 rows more than its full batches hold."""
+    from tests.models import sine_streams
+
+    data = sine_streams(global_batch_size)
+    return dict(data, x_train=data["x_train"][:-3], y_train=data["y_train"][:-3])
+
+
+def test_a_last_shorter_batch_is_taken_where_the_batch_is_free_and_left_out_once_said_where_fixed(capsys):
+    """Where Keras `fit` can take the rows past the last full batch it does, and so does rayparallel; a stateful
+    model cannot (its states are the batch's rows): they are left out, said once; a model's own step on a last
+    batch the workers cannot share equally is refused (its means are per worker)."""
+    from rayparallel.cluster.preflight import preflight
+    from rayparallel.spec import load_spec
+    from tests.models import lstm_job
+
+    free = next(c for c in CASES if c.kwargs.get("rows") == 57)
+    checks = preflight(load_spec(spec(free), ["scaling.num_workers=3"]))
+    assert checks.source.last_partial and not checks.notes
+
+    stateful = lstm_job("stateful-rest", "train.global_batch_size=8")
+    stateful["data"] = {"loader": sines_and_a_rest, "layout": "streams"}
+    rayparallel.validate(stateful)
+    (note,) = [line for line in capsys.readouterr().out.splitlines() if "leaves out" in line]
+    assert note.startswith("rayparallel: each epoch leaves out the last 5 training rows") and "stateful" in note
+
+    own = next(c for c in CASES if c.builder == "weighted_own_steps")
+    with pytest.raises(RayParallelError) as info:  # 32 validation rows, batch 12: a last batch of 8 on 3 workers
+        rayparallel.validate(spec(own), ["train.global_batch_size=12", "scaling.num_workers=3"])
+    assert str(info.value).startswith("data.loader: expected rows that leave a last batch divisible by the 3 workers")
+    assert "a last batch of 8 rows" in str(info.value)
 
 
 def fit_oracle(build, data: dict):
@@ -150,19 +229,22 @@ def fit_oracle(build, data: dict):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", [c for c in CASES if not c.refused], ids=lambda c: c.builder)
+@pytest.mark.parametrize("case", [c for c in CASES if not c.refused], ids=case_id)
 def test_rayparallel_trains_fits_model(shared_workers, tmp_path, case):
+    import functools
     import inspect
 
     from tests import conformance_models
 
-    build = getattr(conformance_models, case.builder)
+    build = functools.partial(getattr(conformance_models, case.builder), **case.builder_kwargs)
     load = getattr(conformance_models, case.loader)
     batch = {"global_batch_size": 8} if "global_batch_size" in inspect.signature(load).parameters else {}
     model, history = fit_oracle(build, load(**case.kwargs, **batch))
+    job = tmp_path / "job.yaml"  # the YAML path, as `rayparallel train job.yaml` reads it
+    job.write_text(yaml.safe_dump(spec(case)))
     for workers in case.workers:
         overrides = [f"scaling.num_workers={workers}"]
-        result = train_shared(shared_workers, spec(case), overrides, output_dir=tmp_path / str(workers), verbose=False)
+        result = train_shared(shared_workers, str(job), overrides, output_dir=tmp_path / str(workers), verbose=False)
         error = max_relative_error(final_weights(result.final_weights, build), model.get_weights(), floor=1e-3)
         print(f"{case.builder}, {workers} workers vs Keras fit: max relative weight error {error:.2e}")
         assert error < 1e-5

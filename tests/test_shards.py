@@ -5,7 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rayparallel.data.shards import Split, batches, class_weights, epoch_order, worker_rows
+from rayparallel.data.shards import (
+    Split,
+    batches,
+    class_weights,
+    epoch_order,
+    global_batch_at,
+    steps_per_epoch,
+    worker_rows,
+    worker_steps,
+)
 from rayparallel.errors import DataError
 
 
@@ -38,19 +47,34 @@ def test_shuffle_is_seeded_per_epoch_and_identical_everywhere():
 def test_batches_feed_each_worker_its_rows_in_step_order_for_every_input():
     x = {"a": np.arange(20) * 10, "b": np.arange(20) * 100}
     split = Split(x=x, y=np.arange(20))
-    rows = worker_rows(epoch_order(20, epoch=2, layout="shuffle", seed=5), 8, rank=1, num_workers=2)  # 2 steps x 4
-    fed = list(batches(split, rows, per_worker=4))
+    order = epoch_order(20, epoch=2, layout="shuffle", seed=5)
+    rows = worker_rows(order, 8, rank=1, num_workers=2)  # 2 steps x 4
+    fed = list(batches(split, worker_steps(order, 8, rank=1, num_workers=2)))
     assert len(fed) == 2
     for step, (xb, yb, wb) in enumerate(fed):
         expected = rows[step * 4 : (step + 1) * 4]
         assert (yb == expected).all() and (xb["a"] == expected * 10).all() and (xb["b"] == expected * 100).all()
         assert wb is None  # no weights: none, as fit passes none to the loss
     weighted = Split(x=x, y=np.arange(20), w=np.arange(20, dtype="float32") / 2)
-    for _, yb, wb in batches(weighted, rows, per_worker=4):
+    for _, yb, wb in batches(weighted, worker_steps(order, 8, rank=1, num_workers=2)):
         assert (wb == yb / 2).all()  # each row keeps its own weight
     per_token = Split(x=x, y=np.arange(20), w=np.arange(60, dtype="float32").reshape(20, 3))
-    for _, yb, wb in batches(per_token, np.arange(20), 5):
+    for _, yb, wb in batches(per_token, worker_steps(np.arange(20), 5, rank=0, num_workers=1)):
         assert wb.shape == (5, 3) and (wb[:, 0] == yb * 3).all()  # a weight per token stays with its row
+
+
+def test_a_last_shorter_batch_is_split_across_the_workers_as_fit_would_take_its_rows():
+    """57 rows, global batch 8: 7 full steps and an eighth of 1 row, which rank 0 takes (ranks 1 and 2 none);
+    without `last_partial` the row is left out and every step is full."""
+    order = epoch_order(57, epoch=0, layout="shuffle", seed=2)
+    assert steps_per_epoch(57, 8, last_partial=True) == 8 and steps_per_epoch(57, 8) == 7
+    assert [global_batch_at(step, 57, 8) for step in (1, 7, 8)] == [8, 8, 1]
+    steps = [list(worker_steps(order, 8, rank, 3, last_partial=True)) for rank in range(3)]
+    assert [len(rows) for rows in steps[0]] == [3] * 7 + [1] and len(steps[2][-1]) == 0
+    for step in range(8):  # each global batch once, in the epoch's order, split in rank order
+        joined = np.concatenate([ranks[step] for ranks in steps])
+        assert (joined == order[step * 8 : (step + 1) * 8]).all()
+    assert [len(list(worker_steps(order, 8, rank, 3))) for rank in range(3)] == [7, 7, 7]
 
 
 def test_class_weights_by_label_as_keras_fit_makes_them():

@@ -107,14 +107,14 @@ def space_warning_for(job: JobSpec, output_dir: Path, checks: Preflight) -> str 
 
 def check_folders(job: JobSpec, output_dir: Path, checks: Preflight, verbose: bool) -> None:
     """Both folders writable (or one line, before anything is written); a warning when the weight
-    files will not fit."""
+    files will not fit, and what else the checks have to say (rows an epoch leaves out)."""
     from .launch import checkpoint_dir
 
     ensure_writable(output_dir, "--output-dir")
     ensure_writable(checkpoint_dir(job, output_dir), "checkpoint.dir")
     warning = space_warning_for(job, output_dir, checks)
-    if warning:
-        printer(verbose)(warning)
+    for line in ([warning] if warning else []) + checks.notes:
+        printer(verbose)(line)
 
 
 def run_job(
@@ -158,8 +158,6 @@ def run_job(
         with warned_while(checks_waiting(plan.spec), plan.spec.run.stall_warning_s, printer(verbose)):
             checks = checks()
         check_folders(plan.spec, output_dir, checks, verbose)
-        for note in checks.notes:
-            printer(verbose)(note)
         run = Launch(
             output_dir=output_dir,
             source_name=source_name,

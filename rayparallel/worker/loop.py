@@ -253,8 +253,7 @@ class WorkerRun:
             self._check_finite(epoch)
             self.batch_norm.agree(self.reducer)  # before validation, which normalizes with them
             seconds = time.perf_counter() - started
-            trained = self.feed.rows_through(self.steps_per_epoch, self.global_batch)
-            logs["samples_per_s"] = (trained - skip * self.global_batch) / seconds
+            logs["samples_per_s"] = self._rows_trained(skip) / seconds
             if self.steps.loss_scale is not None:
                 logs[LOSS_SCALE] = float(self.steps.loss_scale.value.numpy())
             logs["input_wait_fraction"] = min(1.0, self.feed.wait_s / seconds)
@@ -343,6 +342,10 @@ class WorkerRun:
             if resume_every and global_step % resume_every == 0 and step < steps_per_epoch:  # ends: Ray's
                 self.save_resume_point(epoch, step)
         return self.epoch_logs.collect(self.feed.rows_through(steps_per_epoch, self.global_batch))
+
+    def _rows_trained(self, skip: int) -> int:
+        """The global rows of this epoch's steps past the `skip` done before a restart."""
+        return self.feed.rows_through(self.steps_per_epoch, self.global_batch) - skip * self.global_batch
 
     def _callbacks_epoch_end(self, epoch: int, logs: dict) -> str | None:
         """The callbacks see the epoch's global logs with Keras' keys, and may add to them

@@ -18,7 +18,7 @@ from typing import Any
 HOOKS = {
     # the controller's callback interface: how its handle reaches the driver (cluster/abort.py)
     "controller_callback": "ray.train.v2._internal.execution.callback:ControllerCallback",
-    # Tune's function trainable, subclassed so a trial's stop waits for its run (sweep/trial.py)
+    # Tune's function trainable, subclassed so a trial's stop waits for its run (tuning/trial.py)
     "wrap_function": "ray.tune.trainable.function_trainable:wrap_function",
     # the driver's stream of worker output: no public switch once ray.init() ran
     "ray_logging": "ray._private.ray_logging",
@@ -50,8 +50,8 @@ HOOKS = {
     "default_variable_creator": "tensorflow.python.ops.resource_variable_ops:default_variable_creator_v2",
     # loss scaling: whether a cond may hold the optimizer's update in replica context
     "no_merge_call": "tensorflow:__internal__.distribute.strategy_supports_no_merge_call",
-    # a model's own step: Keras' per-replica loss scaling off (worker/own_step.py); our step: Keras'
-    # loss reduction with global divisors, its mask merge and rank matching (worker/loss_reduction.py)
+    # every step: Keras' per-replica loss scaling off, its loss reduction with global divisors, its mask
+    # merge and rank matching (worker/loss_reduction.py)
     "keras_losses": "keras.src.losses.loss",
     "keras_apply_mask": "keras.src.losses.loss:apply_mask",
     "keras_same_rank": "keras.src.losses.loss:squeeze_or_expand_to_same_rank",
@@ -64,9 +64,11 @@ HOOKS = {
 OPTIMIZER_ATTRIBUTES = ("_all_reduce_sum_gradients", "_clip_gradients", "_learning_rate")
 # Keras 3 model and loss-module attributes read or replaced: the settings a builder's compile gave
 # (live objects; get_compile_config drops some, e.g. Huber's delta), Keras' own build of compile's
-# metrics before a model's own step is traced, the loss scaling that step runs without, and the
-# loss reduction our step makes global.
-MODEL_ATTRIBUTES = ("_compile_config", "_symbolic_build", "_flatten_layers")  # and every nested layer
+# metrics before every step is traced, the loss `compute_loss` computes without its tracker (our
+# step's), the loss scaling every step runs without, and the loss reduction it makes global.
+MODEL_ATTRIBUTES = ("_compile_config", "_symbolic_build", "_flatten_layers", "_compute_loss")  # every nested layer
+# The standard library's own private names the code uses (argparse's subparsers type, os._exit)
+STDLIB_PRIVATE = ("_SubParsersAction", "_exit")
 # BatchNormalization's moments, replaced by the global batch's (worker/batch_norm.py), and a wrapped
 # loss's arguments, which its config may drop (worker/compiled.py)
 BATCH_NORM_ATTRIBUTES = ("_moments", "_reduction_axes")

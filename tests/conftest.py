@@ -3,16 +3,23 @@ a temporary MLflow store; real `mlflow server`s. Helpers live in `tests/helpers.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-from pathlib import Path
 
 import pytest
 
-from .helpers import REPO, SESSION_CPUS, MlflowServer, cli, final_weights
+from .helpers import REPO, SESSION_CPUS, DefaultJobRuns, MlflowServer
 
 SHARED: list = []  # the session's shared workers, once a test asked for them
+
+
+def pytest_configure(config):
+    """Two logical CPU devices in this process, made before TensorFlow starts its runtime (it cannot split
+    the CPU later): `test_step_replicas` runs the step on a 2-replica MirroredStrategy over them. Ops
+    stay on the first, as before; Ray's workers are processes of their own."""
+    import tensorflow as tf
+
+    (cpu,) = tf.config.list_physical_devices("CPU")
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -87,31 +94,6 @@ def _shared_workers_closed_elsewhere(request):
     uses = any("shared_workers" in item.fixturenames for item in request.session.items if item.module is request.module)
     if SHARED and not uses:
         SHARED[0].close()
-
-
-class DefaultJobRuns:
-    """The default job run through the CLI on its 2 workers (3 epochs) as README's quick start runs it: from
-    a folder holding `jobs/`, into MLflow's default store there (`cwd/mlflow.db`). Shared by tests."""
-
-    def __init__(self, root: Path, address: str):
-        self.results, self.stdout, self.stderr = {}, {}, {}
-        self.cwd = root / "work"
-        shutil.copytree(REPO / "jobs", self.cwd / "jobs")
-        self.env = {"RAY_ADDRESS": address, "MLFLOW_TRACKING_URI": ""}
-        for workers in (2,):  # one worker is `fit`'s oracle in tests/test_cli.py
-            out = self.cwd / "runs/stateful-lstm-co2"  # the job's own folder, where README's next commands look
-            overrides = [f"scaling.num_workers={workers}", "train.epochs=3"]
-            sets = [arg for o in overrides for arg in ("--set", o)]
-            run = cli("train", "jobs/stateful_lstm.yaml", *sets, env=self.env, cwd=self.cwd)
-            assert run.returncode == 0, run.stderr[-3000:]
-            self.stdout[workers], self.stderr[workers] = run.stdout, run.stderr
-            self.results[workers] = json.loads((out / "result.json").read_text())
-
-    @staticmethod
-    def weights(path: str) -> list:
-        from jobs.stateful_lstm import build_model
-
-        return final_weights(path, build_model)
 
 
 @pytest.fixture(scope="session")

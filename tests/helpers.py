@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -198,3 +200,28 @@ def keras_fit_streams(spec: dict):
         verbose=0,
     ).history
     return model, history
+
+
+class DefaultJobRuns:
+    """The default job run through the CLI on its 2 workers (3 epochs) as README's quick start runs it: from
+    a folder holding `jobs/`, into MLflow's default store there (`cwd/mlflow.db`). Shared by tests."""
+
+    def __init__(self, root: Path, address: str):
+        self.results, self.stdout, self.stderr = {}, {}, {}
+        self.cwd = root / "work"
+        shutil.copytree(REPO / "jobs", self.cwd / "jobs")
+        self.env = {"RAY_ADDRESS": address, "MLFLOW_TRACKING_URI": ""}
+        for workers in (2,):  # one worker is `fit`'s oracle in tests/test_cli.py
+            out = self.cwd / "runs/stateful-lstm-co2"  # the job's own folder, where README's next commands look
+            overrides = [f"scaling.num_workers={workers}", "train.epochs=3"]
+            sets = [arg for o in overrides for arg in ("--set", o)]
+            run = cli("train", "jobs/stateful_lstm.yaml", *sets, env=self.env, cwd=self.cwd)
+            assert run.returncode == 0, run.stderr[-3000:]
+            self.stdout[workers], self.stderr[workers] = run.stdout, run.stderr
+            self.results[workers] = json.loads((out / "result.json").read_text())
+
+    @staticmethod
+    def weights(path: str) -> list:
+        from jobs.stateful_lstm import build_model
+
+        return final_weights(path, build_model)

@@ -1,5 +1,5 @@
 """A model's own `train_step`/`test_step`/`compute_loss` and a builder's `compile`, against the
-oracle: plain Keras `fit` in this process, same data, seed and settings, on 1 and 2 workers."""
+oracle: plain Keras `fit` in this process, same data, seed and settings, on 2 workers."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
         # compiled by its builder (SGD with momentum), its own compute_loss with the layers' L2 losses
         ("guide_compute_loss", {}, None),
         # a plain model compiled by its builder: Huber(delta=0.5), SGD with momentum, MAE from compile (our
-        # own step). One worker runs the same step without the all-reduce.
+        # own step)
         ("compiled_regressor", {}, None),
     ],
 )

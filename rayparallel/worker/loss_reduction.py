@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 MEANS = ("sum_over_batch_size", "mean", "mean_with_sample_weight")
 
-_traced = threading.local()  # (global batch, this worker's rows) while one of our steps is traced
+_traced = threading.local()  # (global batch, this worker's rows, workers) while one of our steps is traced
 
 
 @contextlib.contextmanager
@@ -45,30 +45,57 @@ def global_batch_losses(global_batch: int, rows: int, world: int) -> Iterator[No
     Keras scales losses by 1/replicas under `tf.distribute` (`scale_loss_for_distribution`): off. Its
     loss trackers take `unscale_loss_for_distribution(loss)` weighted by this worker's rows: scaled by
     global batch / (world x rows), so their states summed over the workers are the global batch's mean
-    with uneven shards too (1 with even ones). Only in the block: the driver's checks, and another
-    run's step traced later in the process, get Keras' own functions.
+    with uneven shards too (1 with even ones). Only in the block and on its thread (a strategy with
+    several local replicas traces each in a thread of its own): the driver's checks, and another run's
+    step traced later in the process, get Keras' own functions.
     """
     _install()
-    losses = hook("keras_losses")
-    before = getattr(_traced, "batches", None), losses.scale_loss_for_distribution, losses.unscale_loss_for_distribution
-    tracked = global_batch / (world * rows) if rows else 1  # no row of a short last batch: the tracker adds 0
-    _traced.batches = (global_batch, rows)
-    losses.scale_loss_for_distribution = _unchanged
-    losses.unscale_loss_for_distribution = _unchanged if tracked == 1 else _scaled_by(tracked)
+    before = getattr(_traced, "batches", None)
+    _traced.batches = (global_batch, rows, world)
     try:
         yield
     finally:
-        _traced.batches, losses.scale_loss_for_distribution, losses.unscale_loss_for_distribution = before
+        _traced.batches = before
 
 
-def _unchanged(value: Any) -> Any:
-    return value
-
-
-def _scaled_by(factor: float) -> Any:
+def _install() -> None:
+    """Keras' loss module's three functions wrapped once: in a step traced in `global_batch_losses` on this
+    thread, ours; anywhere else, Keras' own."""
     from keras import ops
 
-    return lambda value: ops.multiply(value, ops.cast(factor, value.dtype))
+    module = hook("keras_losses")
+    if getattr(module.reduce_weighted_values, "__wrapped__", None) is not None:
+        return
+    keras_reduce, keras_scale, keras_unscale = (
+        module.reduce_weighted_values,
+        module.scale_loss_for_distribution,
+        module.unscale_loss_for_distribution,
+    )
+
+    def reduce_weighted_values(values, sample_weight=None, mask=None, reduction="sum_over_batch_size", dtype=None):
+        batches = getattr(_traced, "batches", None)
+        if batches is None or reduction not in (*MEANS, "sum"):
+            return keras_reduce(values, sample_weight, mask, reduction, dtype)
+        return _globally(keras_reduce, batches[:2], values, sample_weight, mask, reduction, dtype)
+
+    def scale_loss_for_distribution(value):
+        return keras_scale(value) if getattr(_traced, "batches", None) is None else value
+
+    def unscale_loss_for_distribution(value):
+        batches = getattr(_traced, "batches", None)
+        if batches is None:
+            return keras_unscale(value)
+        global_batch, rows, world = batches
+        tracked = global_batch / (world * rows) if rows else 1  # no row of a short last batch: the tracker adds 0
+        return value if tracked == 1 else ops.multiply(value, ops.cast(tracked, value.dtype))
+
+    for wrapper, keras_function in (
+        (reduce_weighted_values, keras_reduce),
+        (scale_loss_for_distribution, keras_scale),
+        (unscale_loss_for_distribution, keras_unscale),
+    ):
+        wrapper.__wrapped__ = keras_function
+        setattr(module, keras_function.__name__, wrapper)
 
 
 def keras_loss(identifier: Any) -> keras.losses.Loss:
@@ -79,21 +106,6 @@ def keras_loss(identifier: Any) -> keras.losses.Loss:
     if loss is None or isinstance(loss, keras.losses.Loss):
         return loss
     return hook("keras_loss_function_wrapper")(loss, name=getattr(loss, "__name__", None))
-
-
-def _install() -> None:
-    module = hook("keras_losses")
-    if getattr(module.reduce_weighted_values, "__wrapped__", None) is None:
-        keras_reduce = module.reduce_weighted_values
-
-        def reduce_weighted_values(values, sample_weight=None, mask=None, reduction="sum_over_batch_size", dtype=None):
-            batches = getattr(_traced, "batches", None)
-            if batches is None or reduction not in (*MEANS, "sum"):
-                return keras_reduce(values, sample_weight, mask, reduction, dtype)
-            return _globally(keras_reduce, batches, values, sample_weight, mask, reduction, dtype)
-
-        reduce_weighted_values.__wrapped__ = keras_reduce
-        module.reduce_weighted_values = reduce_weighted_values
 
 
 def _globally(keras_reduce, batches: tuple[int, int], values, sample_weight, mask, reduction: str, dtype):

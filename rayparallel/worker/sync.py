@@ -157,25 +157,16 @@ def sum_shared_slices(optimizer: keras.optimizers.Optimizer) -> None:
         context, batch_ops = tf.distribute.get_replica_context(), getattr(_step, "ops", None)
         if context is None or context.num_replicas_in_sync == 1 or batch_ops is None:
             return all_reduce(pairs)
-        shared = [
+        shared = {
             i
             for i, (g, _) in enumerate(pairs)
             if isinstance(g, tf.IndexedSlices) and not from_batch(g.indices, batch_ops)
-        ]
-        if not shared:
-            return all_reduce(pairs)
-        reduced = dict(
-            zip(
-                shared,
-                context.all_reduce(tf.distribute.ReduceOp.SUM, [pairs[i][0].values for i in shared]),
-                strict=True,
-            )
-        )
-        others = [i for i in range(len(pairs)) if i not in reduced]
-        reduced.update(zip(others, [g for g, _ in all_reduce([pairs[i] for i in others])], strict=True))
+        }
+        # their values as dense gradients: packed into the one all-reduce of the others, no collective of their own
+        reduced = all_reduce([(g.values, v) if i in shared else (g, v) for i, (g, v) in enumerate(pairs)])
         return [
-            (tf.IndexedSlices(reduced[i], g.indices, g.dense_shape) if i in shared else reduced[i], v)
-            for i, (g, v) in enumerate(pairs)
+            (tf.IndexedSlices(r, pairs[i][0].indices, pairs[i][0].dense_shape) if i in shared else r, v)
+            for i, (r, v) in enumerate(reduced)
         ]
 
     optimizer._all_reduce_sum_gradients = reduce

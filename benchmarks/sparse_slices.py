@@ -2,8 +2,9 @@
 [--before REV] [--json PATH]`.
 
 The keras-io Transformer (`tests.conformance_models:position_transformer`, `global_clipnorm`) on 2 workers,
-with the code of `--before` (a commit whose all-reduce gathers every sparse gradient) and with this tree's
-(`worker/sync.py`, `sum_shared_slices`: the position embedding's rows summed by one dense all-reduce).
+with the code of `--before` (a commit whose all-reduce gathers every sparse gradient) and with this tree's, or
+`--after`'s (`worker/sync.py`, `sum_shared_slices`: the position embedding's rows summed in the one dense
+all-reduce of the other gradients).
 Rounds alternate the two; each run is a fresh driver process whose local Ray starts its workers from that
 process's `rayparallel` (the older one comes first on `PYTHONPATH`, the user's modules from this folder).
 Each figure is the median samples/s of a run's epochs after the first; `after_vs_before_step_time` is the
@@ -67,6 +68,7 @@ def samples_per_s(code: Path | None, rows: int, epochs: int, out: Path) -> float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", default="1fe022d", help="the commit to compare with (default: before the change)")
+    parser.add_argument("--after", default=None, help="a commit to measure instead of this tree's code")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     parser.add_argument("--rows", type=int, default=4096, help="training rows (default 4096: 64 steps an epoch)")
     parser.add_argument("--epochs", type=int, default=4)
@@ -75,8 +77,9 @@ def main() -> None:
     raw: dict[str, list[float]] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory(prefix="rayparallel-bench-") as tmp:
         before = code_of(args.before, Path(tmp) / "before")
+        after = code_of(args.after, Path(tmp) / "after") if args.after else None
         for round_ in range(args.rounds):
-            for name, code in (("before", before), ("after", None)):
+            for name, code in (("before", before), ("after", after)):
                 raw[name].append(samples_per_s(code, args.rows, args.epochs, Path(tmp) / f"{name}-{round_}"))
             print(f"round {round_ + 1}/{args.rounds}: before {raw['before'][-1]:.0f}, after {raw['after'][-1]:.0f}")
     ratios = [b / a for b, a in zip(raw["before"], raw["after"], strict=True)]  # step time after / before

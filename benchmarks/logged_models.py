@@ -38,7 +38,7 @@ def measure(repeats: int = 3) -> dict:
 
 
 def _per_checkpoint(client, uri: str, experiment: str, model, repeats: int) -> dict:
-    from rayparallel.tracking.mlflow_run import CHECKPOINT_TAG, log_keras_model
+    from rayparallel.tracking.keras_models import CHECKPOINT_TAG, log_keras_model
 
     run = client.create_run(experiment).info.run_id
     log_keras_model(uri, run, model, name="warm-up")  # MLflow's and the flavor's imports, once

@@ -113,7 +113,7 @@ def check_logged_models(client, run, result, folder):
     figures, a dropped file's model gone; the best file registered, `@champion` serving from a new process."""
     import mlflow
 
-    from rayparallel.tracking.mlflow_run import CHECKPOINT_TAG
+    from rayparallel.tracking.keras_models import CHECKPOINT_TAG
 
     models = client.search_logged_models([run.info.experiment_id], filter_string=f"source_run_id = '{run.info.run_id}'")
     steps = {output.model_id: output.step for output in run.outputs.model_outputs}

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from rayparallel.tracking.mlflow_run import enter_working_directory
+from rayparallel.tracking.store import enter_working_directory
 
 
 def test_a_replaced_working_directory_is_entered_again(tmp_path):
@@ -39,7 +39,7 @@ def test_mlflows_default_store_is_chosen_without_mlflow_and_the_run_waits_for_it
     from rayparallel.tracking.mlflow_run import MlflowRun, TrackingSettings
 
     probe = (
-        "import sys; from rayparallel.tracking.mlflow_run import tracking_uri_as_set as t; "
+        "import sys; from rayparallel.tracking.store import tracking_uri_as_set as t; "
         "print(t(None), t('sqlite:///x.db'), 'mlflow' in sys.modules)"
     )
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}

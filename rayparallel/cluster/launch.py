@@ -39,7 +39,8 @@ from ..result import RunSummary, TrainResult, describe_stop
 from ..secrets import mask, mask_text
 from ..spec import JobSpec
 from ..startup import describe, relative
-from ..tracking.mlflow_run import TrackingSettings, source_tags, tracking_uri_as_set
+from ..tracking.mlflow_run import TrackingSettings
+from ..tracking.store import source_tags, tracking_uri_as_set
 from ..worker.loop import train_loop_per_worker
 from . import connect as cluster
 from .abort import ControllerAnnounced, abort_training

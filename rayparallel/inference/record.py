@@ -46,7 +46,7 @@ class PredictionRun:
     parent: str | None  # the training run it is nested under
 
     def info(self) -> dict:
-        from ..tracking.mlflow_run import run_url
+        from ..tracking.store import run_url
 
         url = run_url(self.tracking_uri, self.experiment_id, self.run_id)
         return {
@@ -71,8 +71,8 @@ class PredictionRun:
 
 def open_prediction_run(job: JobSpec, weights: Path, source: str) -> PredictionRun:
     """A new run for the prediction: nested under the training run of `weights` when this store holds it."""
-    from ..tracking.mlflow_run import chosen_tracking_uri, experiment_id, source_tags
     from ..tracking.sqlite_store import mlflow_client
+    from ..tracking.store import chosen_tracking_uri, experiment_id, source_tags
 
     tracking_uri = chosen_tracking_uri(job.mlflow.tracking_uri)
     client = mlflow_client(tracking_uri)

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..result import WorkerInfo, describe_stop
 from ..secrets import mask_text
-from ..tracking.mlflow_run import SYSTEM_PREFIX, MlflowRun, TrackingSettings
+from ..tracking.mlflow_run import MlflowRun, TrackingSettings
 from ..tracking.params import run_params, worker_tags
+from ..tracking.store import SYSTEM_PREFIX
 
 if TYPE_CHECKING:
     import keras

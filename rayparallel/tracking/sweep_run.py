@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import RayParallelError, first_line
 from ..secrets import mask_text
-from .mlflow_run import log_keras_model, open_run, run_url
+from .keras_models import log_keras_model
 from .sqlite_store import mlflow_client
+from .store import open_run, run_url
 
 if TYPE_CHECKING:
     import keras

@@ -155,7 +155,7 @@ def _concurrency(jobs: dict[str, JobSpec], requested: int | None, checked: bool)
 
 
 def _parent_run(job: JobSpec, run_id: str | None) -> SweepRun:
-    from ..tracking.mlflow_run import chosen_tracking_uri
+    from ..tracking.store import chosen_tracking_uri
     from ..tracking.sweep_run import SweepRun
 
     return SweepRun(

@@ -34,7 +34,7 @@ from .batch_norm import BatchNormSync
 from .cadence import ProgressCadence
 from .callbacks import Callbacks, make_callbacks
 from .memory import MemoryWatch
-from .step import EpochLogs, Steps
+from .step import EpochLogs, ReplicaSteps, Steps
 from .sync import (
     Reducer,
     StepWatchdog,
@@ -144,6 +144,7 @@ class WorkerRun:
     def _build_steps(self) -> None:
         """The compiled steps (ours, or the model's own) and the figures they give."""
         spec = self.spec
+        self.steps: ReplicaSteps
         if self.own:
             self.steps = own_step.OwnSteps(self.strategy, self.model)
             self.epoch_logs = own_step.OwnStepLogs(self.steps, self.reducer, self.rank, self.world)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import ModelError, first_line
-from .step import EpochLogs, metric_results, on_replicas
+from .step import EpochLogs, ReplicaSteps, metric_results, on_replicas
 
 if TYPE_CHECKING:
     import keras
@@ -103,28 +103,19 @@ def _logs_keys(model: keras.Model, step: str, data: tuple) -> list[str]:
     return list(logs)
 
 
-class OwnSteps:
-    """The model's steps inside `strategy.run`, in `Steps`' interface; figures from its metrics."""
-
-    loss_scale = None
-    accumulation_steps = 1
+class OwnSteps(ReplicaSteps):
+    """The model's steps inside `strategy.run`; figures from its metrics and its logs (`OwnStepLogs`)."""
 
     def __init__(self, strategy: tf.distribute.Strategy, model: keras.Model):
-        import tensorflow as tf
-
-        self.model, self.strategy = model, strategy
-        self.metrics = model.metrics  # built: the worker ran Keras' symbolic build before
-        # no loss of ours: zero, but summed and saved with the epoch's state as `Steps`' is (EpochLogs, resume)
-        self.loss_total = tf.Variable(0.0, dtype=tf.float64, trainable=False)
-        self.steps_run = tf.Variable(0, dtype=tf.int64, trainable=False)
-        self.first_nonfinite = tf.Variable(0, dtype=tf.int64, trainable=False)
+        super().__init__(model)
+        self.strategy = strategy
 
         def train_replica(x, y, w, global_batch):
             logs = model.train_step(packed(x, y, w))
-            self.steps_run.assign_add(1)
             if "loss" in logs:
-                bad = tf.logical_and(tf.logical_not(tf.math.is_finite(logs["loss"])), tf.equal(self.first_nonfinite, 0))
-                self.first_nonfinite.assign(tf.where(bad, self.steps_run, self.first_nonfinite))
+                self._count(logs["loss"])
+            else:
+                self.steps_run.assign_add(1)
             return _scalars(logs)
 
         def eval_replica(x, y, w, global_batch):
@@ -132,14 +123,6 @@ class OwnSteps:
 
         self.train_step = KeepsLast(on_replicas(strategy, train_replica))
         self.eval_step = KeepsLast(on_replicas(strategy, eval_replica))
-
-    def step(self, global_step: int) -> Any:
-        return self.train_step
-
-    def reset(self) -> None:
-        self.model.reset_metrics()
-        self.steps_run.assign(0)
-        self.first_nonfinite.assign(0)
 
 
 def _scalars(logs: dict) -> dict:

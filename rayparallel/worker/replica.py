@@ -2,8 +2,8 @@
 
 The replica is built by `rayparallel.model.build_model` with the per-worker batch, inside the
 strategy's scope: batch-shaped states kept out of it when batches differ, random layers' seed
-states and metric states kept per worker. The optimizer, loss and metrics `compile` would give
-it come from `compile_objects`.
+states and metric states kept per worker. It is compiled by its builder, or with the job's
+settings (`compiled`); every step runs its own `compute_loss` and `compute_metrics`.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import ray.train
     import tensorflow as tf
 
-    from .step import Steps
+    from .step import ReplicaSteps
     from .sync import Reducer
 
 
@@ -114,7 +114,7 @@ class EpochState:
     slice of it), so the arrays do not depend on the worker count.
     """
 
-    def __init__(self, steps: Steps, reducer: Reducer, stateful: list, rows: tuple[int, int], global_batch: int):
+    def __init__(self, steps: ReplicaSteps, reducer: Reducer, stateful: list, rows: tuple[int, int], global_batch: int):
         import keras
 
         self._steps, self._reducer = steps, reducer

@@ -43,9 +43,51 @@ def on_replicas(strategy: tf.distribute.Strategy, replica_step: Any) -> Any:
     return tf.function(lambda x, y, w, global_batch: strategy.run(traced, args=(x, y, w, global_batch)))
 
 
-class Steps:
-    """Compiled train/eval steps for one replica; `loss_total` holds this worker's share of the loss summed
-    over the global batches' rows (Keras' loss tracker weighs each batch's loss by its rows)."""
+class ReplicaSteps:
+    """What the loop, `EpochLogs` and resume points read of any kind of step (`Steps`, `own_step.OwnSteps`).
+
+    `train_step` and `eval_step` are compiled (`on_replicas`) and called as `(x, y, w, global_batch)`;
+    `step(global_step)` names the one for a training step. The counters live in the replica's variables so
+    the compiled steps update them: `steps_run` this epoch, `first_nonfinite` (the 1-based step of the
+    first non-finite loss, 0: none), and `loss_total`, this worker's share of the loss summed over the
+    global batches' rows (0 where the model's own step keeps its loss in its logs).
+    """
+
+    loss_scale: LossScale | None = None
+    train_step: Any
+    eval_step: Any
+
+    def __init__(self, model: keras.Model):
+        import tensorflow as tf
+
+        self.model = model
+        self.metrics = model.metrics  # built: the worker ran Keras' symbolic build before
+        self.loss_total = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+        self.steps_run = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.first_nonfinite = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+    def step(self, global_step: int) -> Any:
+        """The compiled step for this global step (1-based)."""
+        return self.train_step
+
+    def _count(self, loss: tf.Tensor) -> None:
+        """In the compiled step: one more step run, and the first whose loss is not finite."""
+        import tensorflow as tf
+
+        self.steps_run.assign_add(1)
+        first = tf.logical_and(tf.logical_not(tf.math.is_finite(loss)), tf.equal(self.first_nonfinite, 0))
+        self.first_nonfinite.assign(tf.where(first, self.steps_run, self.first_nonfinite))
+
+    def reset(self) -> None:
+        self.loss_total.assign(0.0)
+        self.steps_run.assign(0)
+        self.first_nonfinite.assign(0)
+        self.model.reset_metrics()
+
+
+class Steps(ReplicaSteps):
+    """Keras' loss and metrics in rayparallel's compiled steps (the module doc): updates, accumulation, loss
+    scaling; `loss_total` weighs each batch's loss by its rows, as Keras' loss tracker does."""
 
     def __init__(
         self,
@@ -58,11 +100,7 @@ class Steps:
     ):
         import tensorflow as tf
 
-        self.model = model
-        self.metrics = model.metrics  # built: the worker ran Keras' symbolic build before
-        self.loss_total = tf.Variable(0.0, dtype=tf.float64, trainable=False)
-        self.steps_run = tf.Variable(0, dtype=tf.int64, trainable=False)
-        self.first_nonfinite = tf.Variable(0, dtype=tf.int64, trainable=False)  # 1-based step, 0: none
+        super().__init__(model)
         self.loss_scale = LossScale(initial_loss_scale) if initial_loss_scale is not None else None
         self.optimizer = optimizer
         self.replicas, self.accumulation_steps = strategy.num_replicas_in_sync, accumulation_steps
@@ -125,12 +163,8 @@ class Steps:
         return self.train_step if global_step % self.accumulation_steps == 0 else self.accumulate_step
 
     def _after_step(self, loss: tf.Tensor, x: Any, y: Any, y_pred: Any, w: Any, global_batch: int) -> None:
-        import tensorflow as tf
-
         self._record(loss, x, y, y_pred, w, global_batch)
-        self.steps_run.assign_add(1)
-        first = tf.logical_and(tf.logical_not(tf.math.is_finite(loss)), tf.equal(self.first_nonfinite, 0))
-        self.first_nonfinite.assign(tf.where(first, self.steps_run, self.first_nonfinite))
+        self._count(loss)
 
     def _record(self, loss: tf.Tensor, x: Any, y: Any, y_pred: Any, w: Any, global_batch: int) -> None:
         """This worker's share of the global loss (its loss is the global one's estimate times the workers)
@@ -139,12 +173,6 @@ class Steps:
 
         self.loss_total.assign_add(tf.cast(loss, tf.float64) * (global_batch / self.replicas))
         self.model.compute_metrics(x, y, y_pred, sample_weight=w)
-
-    def reset(self) -> None:
-        self.loss_total.assign(0.0)
-        self.steps_run.assign(0)
-        self.first_nonfinite.assign(0)
-        self.model.reset_metrics()
 
 
 class LossScale:
@@ -201,7 +229,7 @@ class EpochLogs:
     rank 0's time in the epoch (`rank0_seconds`), so all ranks pace their pauses alike.
     """
 
-    def __init__(self, steps: Steps, reducer: Reducer, rank: int, world: int):
+    def __init__(self, steps: ReplicaSteps, reducer: Reducer, rank: int, world: int):
         self._steps, self._reducer = steps, reducer
         self._rank, self._world = rank, world
         self.nonfinite_step = 0

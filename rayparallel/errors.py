@@ -7,6 +7,10 @@ anything else is a bug or an infrastructure failure and keeps its traceback.
 
 from __future__ import annotations
 
+import re
+
+from .secrets import mask_text
+
 
 class RayParallelError(Exception):
     """A bad input, reported as one line: what was expected, what was received."""
@@ -58,3 +62,29 @@ def first_line(exc: BaseException, limit: int | None = None) -> str:
     lines = str(exc).strip().splitlines()
     text = lines[0] if lines else type(exc).__name__
     return text[:limit] if limit else text
+
+
+def user_error(error: BaseException, storage_path: str) -> RayParallelError | None:
+    """The user's bad input raised inside a worker, unwrapped from Ray's failure wrappers."""
+    if "Unable to set up cluster storage" in str(error):  # Ray Train's check from every node
+        return RayParallelError(
+            f"run.storage_path: expected shared storage that every node can read and write for a multi-node "
+            f"run (an NFS mount, s3://..., gs://...), received {mask_text(storage_path)!r}"
+        )
+    failures = getattr(error, "worker_failures", None) or {}
+    for failure in [error, *failures.values()]:
+        seen = set()
+        while failure is not None and id(failure) not in seen:
+            seen.add(id(failure))
+            inner = getattr(failure, "cause", None)  # Ray's task error, also when it poses as its cause's class
+            if isinstance(failure, RayParallelError) and not isinstance(inner, BaseException):
+                return failure
+            failure = inner or failure.__cause__
+    return None
+
+
+def death_reason(error: BaseException) -> str:
+    """Why Ray says a process died, in its own words: the exit detail, else the message's first line."""
+    text = str(error)
+    found = re.search(r"Worker exit detail: *([^\n]+)", text) or re.search(r"The actor is dead because *([^\n]+)", text)
+    return (found.group(1) if found else first_line(error)).strip().rstrip(".")

@@ -46,7 +46,7 @@ def per_replica(strategy, arrays, rows: int):
 
 
 def train_on_replicas(build, data: dict, epochs: int = 2) -> list[np.ndarray]:
-    """The worker's set-up (`WorkerRun._build_replica`, `_build_steps`) on two replicas, then every global
+    """The worker's set-up (`WorkerSetup._build_replica`, `_build_steps`) on two replicas, then every global
     batch of the epochs in order (the last one shorter where the rows leave one)."""
     import keras
 

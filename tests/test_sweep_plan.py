@@ -141,8 +141,7 @@ def test_outcomes_table_and_csv_from_trial_folders(tmp_path):
 def test_a_trial_error_from_ray_is_the_users_one_line():
     from ray.exceptions import RayTaskError
 
-    from rayparallel.cluster.launch import user_error
-    from rayparallel.errors import DataError
+    from rayparallel.errors import DataError, user_error
 
     try:
         raise DataError("data.dataset: expected a dataset that reads, received OSError: gone")

@@ -17,9 +17,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import ray
+from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.backend import Backend, BackendConfig
 
+from ..errors import RayParallelError
 from ..hooks import hook
+from ..spec import JobSpec
 
 if TYPE_CHECKING:
     from ray.train._internal.base_worker_group import BaseWorkerGroup
@@ -80,3 +83,36 @@ def trainer_class() -> type:
             return [c for c in super()._create_default_callbacks() if not isinstance(c, unneeded)]
 
     return Trainer
+
+
+def make_scaling_config(spec: JobSpec) -> ScalingConfig:
+    """The job's `scaling:` in Ray Train's words (elastic where it asks for a range of workers)."""
+    scaling = spec.scaling
+    elastic = {}
+    if scaling.elastic:
+        if "elastic_resize_monitor_interval_s" not in ScalingConfig.__dataclass_fields__:
+            raise RayParallelError(
+                f"scaling.num_workers: expected a Ray with elastic training (2.50 or newer) for "
+                f"{{min: {scaling.min_workers}, max: {scaling.max_workers}}}, received Ray {ray.__version__}"
+            )
+        elastic = {
+            "num_workers": (scaling.min_workers, scaling.max_workers),
+            "elastic_resize_monitor_interval_s": scaling.elastic_resize_monitor_interval_s,
+        }
+    return ScalingConfig(
+        **(elastic or {"num_workers": scaling.num_workers}),
+        use_gpu=scaling.use_gpu,
+        resources_per_worker=scaling.resources_per_worker or None,
+        placement_strategy=scaling.placement_strategy,
+    )
+
+
+def make_run_config(spec: JobSpec, name: str, storage_path: str, callbacks: list) -> RunConfig:
+    """The run's name, storage, kept checkpoints and restarts in Ray Train's words."""
+    return RunConfig(
+        name=name,
+        storage_path=storage_path,
+        checkpoint_config=CheckpointConfig(num_to_keep=spec.run.checkpoints_to_keep),
+        failure_config=FailureConfig(max_failures=spec.failure.max_failures),
+        callbacks=callbacks,
+    )

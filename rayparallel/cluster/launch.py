@@ -7,7 +7,6 @@ progress events the recorder collects from rank 0. The recorder actor is named
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING
 import ray
 import yaml
 from ray.exceptions import RayActorError
-from ray.train import CheckpointConfig, ControllerError, FailureConfig, RunConfig, ScalingConfig
+from ray.train import ControllerError, ScalingConfig
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -29,23 +28,23 @@ from ..data.batch_server import start_batch_server
 from ..data.datasets import rank_shards
 from ..data.feed import DataSource
 from ..data.keras_inputs import KerasInput
-from ..errors import RayParallelError, RunFailedError, StepTimeoutError, first_line
+from ..errors import RunFailedError, StepTimeoutError, death_reason, user_error
 from ..files import WriteError, atomic_write_text
 from ..hooks import env_defaults
 from ..recorder.actor import RECORDER_RESTARTS, RecorderActor, recorder_name
 from ..recorder.events import ControllerStarted, EpochEnded, Event, PhaseReached, Resized, RunWarning, TrackingStarted
 from ..recorder.journal import JOURNAL
-from ..result import RunSummary, TrainResult, describe_stop
-from ..secrets import mask, mask_text
+from ..result import RunSummary, TrainResult
+from ..secrets import mask
 from ..spec import JobSpec
-from ..startup import describe, relative
+from ..startup import relative
 from ..tracking.mlflow_run import TrackingSettings
 from ..tracking.store import source_tags, tracking_uri_as_set
 from ..worker.loop import train_loop_per_worker
 from . import connect as cluster
 from .abort import ControllerAnnounced, abort_training
-from .backend import TensorflowBackendConfig, trainer_class
-from .progress import ConsoleProgress, describe_resize, format_logs
+from .backend import TensorflowBackendConfig, make_run_config, make_scaling_config, trainer_class
+from .progress import ConsoleProgress, describe_resize, print_summary, tracking_line
 from .run_state import RunPlan, folder_held
 from .stall import StallWatch
 
@@ -112,7 +111,7 @@ def launch(run: Launch) -> TrainResult:
 
 def _fit(run: Launch) -> TrainResult:
     say = printer(run.verbose)
-    scaling_config = _scaling_config(run.spec)  # first: a Ray without elastic training is an error before any write
+    scaling_config = make_scaling_config(run.spec)  # first: a Ray without elastic training is an error before any write
     job_file = _prepare_folder(run, say)
     actor = _start_recorder(run)
     try:
@@ -137,7 +136,7 @@ def _fit(run: Launch) -> TrainResult:
     finally:  # the recorder is a named actor: a failed or interrupted run must not leave it behind either
         ray.kill(actor)
     if run.verbose:
-        _print_summary(result)
+        print_summary(result)
     return result
 
 
@@ -205,13 +204,7 @@ def _trainer(run: Launch, actor: ActorHandle, scaling_config: ScalingConfig) -> 
         train_loop_config=config,
         **data_options,
         scaling_config=scaling_config,
-        run_config=RunConfig(
-            name=run.plan.state.ray_run_name,
-            storage_path=run.storage_path,
-            checkpoint_config=CheckpointConfig(num_to_keep=spec.run.checkpoints_to_keep),
-            failure_config=FailureConfig(max_failures=spec.failure.max_failures),
-            callbacks=[ControllerAnnounced(actor)],
-        ),
+        run_config=make_run_config(spec, run.plan.state.ray_run_name, run.storage_path, [ControllerAnnounced(actor)]),
     )
 
 
@@ -219,7 +212,7 @@ def _show(run: Launch, actor: ActorHandle, say: Say, progress: ConsoleProgress |
     """One of the recorder's events on the console (and, for an epoch, to `on_epoch`)."""
     state = run.plan.state
     if isinstance(event, TrackingStarted):  # the run exists: say where, and record it for --resume
-        say(_tracking_line("started", event.info))
+        say(tracking_line("started", event.info))
         state.mlflow_run_id = event.info["run_id"]
         state.save(run.output_dir)
     elif isinstance(event, Resized):
@@ -330,27 +323,6 @@ def _run_with_progress(
         raise
 
 
-def _scaling_config(spec: JobSpec) -> ScalingConfig:
-    scaling = spec.scaling
-    elastic = {}
-    if scaling.elastic:
-        if "elastic_resize_monitor_interval_s" not in ScalingConfig.__dataclass_fields__:
-            raise RayParallelError(
-                f"scaling.num_workers: expected a Ray with elastic training (2.50 or newer) for "
-                f"{{min: {scaling.min_workers}, max: {scaling.max_workers}}}, received Ray {ray.__version__}"
-            )
-        elastic = {
-            "num_workers": (scaling.min_workers, scaling.max_workers),
-            "elastic_resize_monitor_interval_s": scaling.elastic_resize_monitor_interval_s,
-        }
-    return ScalingConfig(
-        **(elastic or {"num_workers": scaling.num_workers}),
-        use_gpu=scaling.use_gpu,
-        resources_per_worker=scaling.resources_per_worker or None,
-        placement_strategy=scaling.placement_strategy,
-    )
-
-
 def _tracking_config(run: Launch) -> TrackingSettings | None:
     spec, state = run.spec, run.plan.state
     if not spec.mlflow.enabled:
@@ -368,68 +340,5 @@ def _tracking_config(run: Launch) -> TrackingSettings | None:
     )
 
 
-def _tracking_line(when: str, info: dict) -> str:
-    where = info.get("url") or f"{info['tracking_uri']} (browse: mlflow ui --backend-store-uri {info['tracking_uri']})"
-    if not info.get("run_id"):
-        return f"MLflow: run not created yet at {info['tracking_uri']}; retrying in the background"
-    return f"MLflow run {info['run_id']} ({info['experiment']}) {when}: {where}"
-
-
 def checkpoint_dir(spec: JobSpec, output_dir: Path) -> Path:
     return Path(spec.checkpoint.dir).resolve() if spec.checkpoint.dir else output_dir / "checkpoints"
-
-
-def user_error(error: BaseException, storage_path: str) -> RayParallelError | None:
-    """The user's bad input raised inside a worker, unwrapped from Ray's failure wrappers."""
-    if "Unable to set up cluster storage" in str(error):  # Ray Train's check from every node
-        return RayParallelError(
-            f"run.storage_path: expected shared storage that every node can read and write for a multi-node "
-            f"run (an NFS mount, s3://..., gs://...), received {mask_text(storage_path)!r}"
-        )
-    failures = getattr(error, "worker_failures", None) or {}
-    for failure in [error, *failures.values()]:
-        seen = set()
-        while failure is not None and id(failure) not in seen:
-            seen.add(id(failure))
-            inner = getattr(failure, "cause", None)  # Ray's task error, also when it poses as its cause's class
-            if isinstance(failure, RayParallelError) and not isinstance(inner, BaseException):
-                return failure
-            failure = inner or failure.__cause__
-    return None
-
-
-def death_reason(error: BaseException) -> str:
-    """Why Ray says a process died, in its own words: the exit detail, else the message's first line."""
-    text = str(error)
-    found = re.search(r"Worker exit detail: *([^\n]+)", text) or re.search(r"The actor is dead because *([^\n]+)", text)
-    return (found.group(1) if found else first_line(error)).strip().rstrip(".")
-
-
-def _print_summary(result: TrainResult) -> None:
-    final = result.final
-    print(
-        f"\nrayparallel: {result.name} finished in {result.seconds:.1f}s on {len(result.workers)} workers"
-        + (f" (first step after {result.time_to_first_step_s:.1f}s)" if result.time_to_first_step_s else "")
-    )
-    print(f"  start-up (s since the command started): {describe(result.startup)}")
-    print(f"  final: {format_logs(final)}")
-    if result.stopped:
-        print(f"  stopped early, {describe_stop(result.stopped)}")
-    for name, figures in result.baselines.items():
-        print(f"  baseline {name}: {format_logs(figures)}")
-    print(
-        "  placement: "
-        + "; ".join(f"rank {w['rank']} on node {w['node_id'][:8]} gpus {w['gpu_ids'] or '-'}" for w in result.workers)
-    )
-    print(f"  weights: {result.final_weights}")
-    if result.checkpoints:
-        print(f"  checkpoints: {len(result.checkpoints)} in {result.checkpoint_dir}")
-    print(f"  result:  {Path(result.output_dir) / 'result.json'}")
-    if result.mlflow:
-        print(_tracking_line("finished", result.mlflow))
-        if result.mlflow.get("unlogged"):
-            print(
-                f"MLflow: could not log {', '.join(result.mlflow['unlogged'])} to {result.mlflow['tracking_uri']} "
-                f"({result.mlflow.get('unlogged_error') or 'not reached in time'}); "
-                f"the records are in {result.mlflow['unlogged_path']} and every file is on disk in {result.output_dir}"
-            )

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TextIO
 
 from ..logs import THROUGHPUT
 from ..recorder.events import CheckpointWritten, EpochEnded, Progress, RunWarning
+from ..result import TrainResult, describe_stop
+from ..startup import describe
 
 # Figures `result.json` and MLflow keep that Keras' epoch line does not show (samples/s has its own place).
 NOT_SHOWN = ("epoch", *THROUGHPUT)
@@ -95,3 +98,42 @@ class ConsoleProgress:
     def _line(self, text: str) -> None:
         self.stream.write(text + "\n")
         self.stream.flush()
+
+
+def tracking_line(when: str, info: dict) -> str:
+    """Where the run's MLflow run is (`when`: started, finished), or that it is not created yet."""
+    where = info.get("url") or f"{info['tracking_uri']} (browse: mlflow ui --backend-store-uri {info['tracking_uri']})"
+    if not info.get("run_id"):
+        return f"MLflow: run not created yet at {info['tracking_uri']}; retrying in the background"
+    return f"MLflow run {info['run_id']} ({info['experiment']}) {when}: {where}"
+
+
+def print_summary(result: TrainResult) -> None:
+    """The run's closing lines: time, start-up phases, final figures, placement, where its files are."""
+    final = result.final
+    print(
+        f"\nrayparallel: {result.name} finished in {result.seconds:.1f}s on {len(result.workers)} workers"
+        + (f" (first step after {result.time_to_first_step_s:.1f}s)" if result.time_to_first_step_s else "")
+    )
+    print(f"  start-up (s since the command started): {describe(result.startup)}")
+    print(f"  final: {format_logs(final)}")
+    if result.stopped:
+        print(f"  stopped early, {describe_stop(result.stopped)}")
+    for name, figures in result.baselines.items():
+        print(f"  baseline {name}: {format_logs(figures)}")
+    print(
+        "  placement: "
+        + "; ".join(f"rank {w['rank']} on node {w['node_id'][:8]} gpus {w['gpu_ids'] or '-'}" for w in result.workers)
+    )
+    print(f"  weights: {result.final_weights}")
+    if result.checkpoints:
+        print(f"  checkpoints: {len(result.checkpoints)} in {result.checkpoint_dir}")
+    print(f"  result:  {Path(result.output_dir) / 'result.json'}")
+    if result.mlflow:
+        print(tracking_line("finished", result.mlflow))
+        if result.mlflow.get("unlogged"):
+            print(
+                f"MLflow: could not log {', '.join(result.mlflow['unlogged'])} to {result.mlflow['tracking_uri']} "
+                f"({result.mlflow.get('unlogged_error') or 'not reached in time'}); "
+                f"the records are in {result.mlflow['unlogged_path']} and every file is on disk in {result.output_dir}"
+            )

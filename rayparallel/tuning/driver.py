@@ -205,7 +205,7 @@ def _tune(
     import ray
     from ray import tune
 
-    from ..cluster.launch import user_error
+    from ..errors import user_error
     from .console import SweepConsole
     from .trial import TrialSetup, asha_scheduler, trainable
 

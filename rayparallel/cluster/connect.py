@@ -96,6 +96,12 @@ def worker_need(spec: JobSpec) -> dict[str, float]:
     return need
 
 
+def task_options(spec: JobSpec) -> dict:
+    """`worker_need` in the words of a Ray task's or actor's options (`num_cpus`, `num_gpus`, `resources`)."""
+    need = worker_need(spec)
+    return dict(num_cpus=need.pop("CPU"), num_gpus=need.pop("GPU", 0), resources=need or None)
+
+
 def cluster_can_grow() -> bool:
     """Whether an autoscaler may add nodes to the joined cluster.
 

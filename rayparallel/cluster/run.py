@@ -31,13 +31,16 @@ if TYPE_CHECKING:
 
 
 @contextlib.contextmanager
-def ray_session(job: JobSpec, worker_logs: bool, *, only_for_checks: bool = False) -> Iterator[bool]:
+def ray_session(
+    job: JobSpec, worker_logs: bool, *, only_for_checks: bool = False, predict: bool = False
+) -> Iterator[bool]:
     """Ray for the job: the cluster in `RAY_ADDRESS` (or the one this process joined), else a
     local Ray started here and shut down when the block ends, however it ends.
 
     Yields whether the cluster is all there is (not one that may autoscale behind `RAY_ADDRESS`),
     so a job that cannot fit fails now instead of waiting forever. `only_for_checks`: connect
-    only when the checks need Ray (a Ray Data job reads a sample through it).
+    only when the checks need Ray (a Ray Data job reads a sample through it). `predict`: for a
+    prediction (Ray Data beside its workers, no Ray Train).
     """
     if only_for_checks and not needs_ray_for_checks(job):
         yield False
@@ -46,9 +49,11 @@ def ray_session(job: JobSpec, worker_logs: bool, *, only_for_checks: bool = Fals
 
     from . import connect
 
-    started = connect.connect(worker_logs, data_cpus=connect.DATA_CPUS if job.data.dataset is not None else 0)
-    connect.start_coordinator()
-    if job.data.dataset is not None:
+    ray_data = predict or job.data.dataset is not None
+    started = connect.connect(worker_logs, data_cpus=connect.DATA_CPUS if ray_data else 0)
+    if not predict:
+        connect.start_coordinator()
+    if ray_data:
         connect.quiet_ray_data(worker_logs)
     try:
         yield started or not os.environ.get("RAY_ADDRESS")

@@ -1,8 +1,8 @@
 """Stateless rows at scale: Ray Data streams them to a pool of model replicas, in any order.
 
 Each replica (a Ray Data actor, one GPU each with `use_gpu`) is the model built for
-`predict.batch_size` rows with the trained weights; a smaller last batch is filled with
-copies of its first row, whose outputs are dropped. Every output row carries its input's
+`predict.batch_size` rows with the trained weights (`batches.built_model`); a smaller last
+batch is padded with copies of its first row, whose outputs are dropped (`batches.padded`). Every output row carries its input's
 keys: `row` (its index in the loader's arrays) or the dataset's own id columns.
 """
 
@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..data.shards import leaves, take
-from .output import fresh_names, named_outputs, output_table
+from .batches import built_model, padded
+from .output import named_outputs, output_table
 
 if TYPE_CHECKING:
     from ..spec import ModelSpec
@@ -36,15 +37,7 @@ class Replica:
     ):
         import ray
 
-        from ..model import build_model
-        from ..quiet import import_tensorflow
-        from ..spec.references import add_search_path
-
-        import_tensorflow()
-        add_search_path(search_path)
-        fresh_names()
-        self.model = build_model(recipe, batch_size)
-        self.model.set_weights(ray.get(weights) if isinstance(weights, ray.ObjectRef) else weights)
+        self.model = built_model(recipe, weights, search_path, batch_size)
         self.arrays = ray.get(arrays) if isinstance(arrays, ray.ObjectRef) else arrays
         self.batch_size, self.keys, self.x_names = batch_size, keys, x_names
 
@@ -57,6 +50,5 @@ class Replica:
         else:
             x = features(batch, self.x_names)
         rows = len(leaves(x)[0][1])
-        filled = np.concatenate([np.arange(rows), np.zeros(self.batch_size - rows, dtype=int)])
-        outputs = named_outputs(self.model, self.model.predict_on_batch(take(x, filled)))
+        outputs = named_outputs(self.model, self.model.predict_on_batch(padded(x, np.arange(rows), self.batch_size)))
         return output_table(keys, {name: values[:rows] for name, values in outputs.items()})

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..cluster.connect import task_options
+from ..cluster.run import ray_session
 from ..cluster.stall import warned_while
 from ..console import Say, printer
 from ..errors import RayParallelError
@@ -98,36 +100,31 @@ def predict(
         # a loader is called before Ray (inside `ray job submit` the working directory may go once the
         # driver connects); a Ray Data function needs Ray first, or Ray Data starts (or joins) one itself
         if x is None and dataset_of(job, split) is not None:
-            ray_up.enter_context(_ray(worker_logs))
+            ray_up.enter_context(ray_session(job, worker_logs, predict=True))
         rows = find_rows(job, split, continue_states, x)
         workers = _workers(num_workers, job, rows)
         rebuilt = _rebuilt(job, weights, unlisted)
         batch = _batch_size(job, rows, workers)
-        say(
-            f"rayparallel predict: {rows.source}, {_described(rows, workers, batch)}; weights {rebuilt.weights} ({rebuilt.why})"
-        )
+        say(f"rayparallel predict: {rows.source}, {_described(rows, workers, batch)}; {_weights_line(rebuilt)}")
+        result = PredictResult(
+            out=str(out), rows=0, seconds=0.0, rows_per_s=0.0, workers=workers, weights=str(rebuilt.weights),
+            why=rebuilt.why, split=split, layout=job.data.layout, batch_size=batch, source=rows.source,
+            streams=rows.streams, continue_states=continue_states,
+        )  # fmt: skip
         output.clear_folder(out)
         started = time.time()
-        ray_up.enter_context(_ray(worker_logs))
-        files, count = _predicted(job, rows, rebuilt, workers, batch, out, working_dir, say)
-    return _finished(
-        job, out, rows, rebuilt, workers, batch, split, continue_states, files, count, started, source_name, say
-    )
+        ray_up.enter_context(ray_session(job, worker_logs, predict=True))  # joins the one started above, if any
+        result.files, result.rows = _predicted(job, rows, rebuilt, workers, batch, out, working_dir, say)
+    return _finished(job, result, time.time() - started, source_name, say)
 
 
-def _finished(
-    job: JobSpec, out: Path, rows: Rows, rebuilt: Rebuilt, workers: int, batch: int, split: str,
-    continue_states: bool, files: list[str], count: int, started: float, source_name: str, say: Say,
-) -> PredictResult:  # fmt: skip
-    """The result, recorded (predict.json, MLflow) and said."""
-    seconds = time.time() - started
-    result = PredictResult(
-        str(out), count, round(seconds, 3), round(count / seconds, 1), workers, str(rebuilt.weights), rebuilt.why,
-        split, job.data.layout, batch, rows.source, files, rows.streams, continue_states,
-    )  # fmt: skip
-    _record(job, result, out, source_name, say)
+def _finished(job: JobSpec, result: PredictResult, seconds: float, source_name: str, say: Say) -> PredictResult:
+    """The result with its time, recorded (predict.json, MLflow) and said."""
+    result.seconds, result.rows_per_s = round(seconds, 3), round(result.rows / seconds, 1)
+    _record(job, result, Path(result.out), source_name, say)
     say(
-        f"predicted {count} rows in {seconds:.1f} s ({result.rows_per_s:g} rows/s) on {_plural(workers, 'worker')} to {out}"
+        f"predicted {result.rows} rows in {seconds:.1f} s ({result.rows_per_s:g} rows/s) on "
+        f"{_plural(result.workers, 'worker')} to {result.out}"
     )
     return result
 
@@ -138,11 +135,9 @@ def _predicted(
     """The predictions written to `out` as they arrive: (the files, the rows)."""
     import ray
 
-    from ..cluster.connect import worker_need
-
     shared = ray.put(rebuilt.model.get_weights())
     predict = _stream_tables if rows.streams else _replica_tables
-    tables = predict(job, rows, rebuilt, shared, workers, batch, worker_need(job), working_dir)
+    tables = predict(job, rows, rebuilt, shared, workers, batch, working_dir)
     waiting = "the predict workers are starting (importing TensorFlow, building the model) or wait for CPUs"
     with warned_while(waiting, job.run.stall_warning_s, say):  # the first predictions: the workers' start-up
         first = next(tables, None)
@@ -192,32 +187,16 @@ def _described(rows: Rows, workers: int, batch: int) -> str:
     return f"{counted} through {_plural(workers, 'replica')}, {batch} a step"
 
 
+def _weights_line(rebuilt: Rebuilt) -> str:
+    return f"weights {rebuilt.weights} ({rebuilt.why})"
+
+
 def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
-@contextlib.contextmanager
-def _ray(worker_logs: bool) -> Iterator[None]:
-    """Ray as for a training run (`connect`), with a CPU beside the workers for Ray Data's tasks;
-    nothing when Ray is up already."""
-    import ray
-
-    from ..cluster import connect
-
-    if ray.is_initialized():
-        yield
-        return
-    started = connect.connect(worker_logs, data_cpus=connect.DATA_CPUS)
-    connect.quiet_ray_data(worker_logs)
-    try:
-        yield
-    finally:
-        if started:
-            ray.shutdown()
-
-
 def _stream_tables(
-    job: JobSpec, rows: Rows, rebuilt: Rebuilt, shared: Any, workers: int, batch: int, need: dict, working_dir: str
+    job: JobSpec, rows: Rows, rebuilt: Rebuilt, shared: Any, workers: int, batch: int, working_dir: str
 ) -> Iterator[Any]:
     """One streaming task per worker (`streams.predict_streams`); tables as any of them yields one."""
     import ray
@@ -226,10 +205,7 @@ def _stream_tables(
     from ..spec.schema import rank_rows
     from .streams import predict_streams
 
-    need = dict(need)
-    task = ray.remote(predict_streams).options(
-        num_returns="streaming", num_cpus=need.pop("CPU"), num_gpus=need.pop("GPU", 0), resources=need or None
-    )
+    task = ray.remote(predict_streams).options(num_returns="streaming", **task_options(job))
     x = ray.put(rows.x) if rows.x is not None else None
     warmup = ray.put(rows.warmup) if rows.warmup is not None else None
     running = []
@@ -259,7 +235,7 @@ def _stream_tables(
 
 
 def _replica_tables(
-    job: JobSpec, rows: Rows, rebuilt: Rebuilt, shared: Any, workers: int, batch: int, need: dict, working_dir: str
+    job: JobSpec, rows: Rows, rebuilt: Rebuilt, shared: Any, workers: int, batch: int, working_dir: str
 ) -> Iterator[Any]:
     """Ray Data through a pool of `workers` replicas (`replicas.Replica`), tables as they come."""
     import numpy as np
@@ -274,7 +250,6 @@ def _replica_tables(
         dataset, keys, arrays = dataset.rename_columns({"data": ROW}), [ROW], ray.put(rows.x)
     else:
         dataset, keys, arrays = rows.dataset, rows.keys, None
-    need = dict(need)
     predicted = dataset.map_batches(
         Replica,
         fn_constructor_kwargs=dict(
@@ -289,9 +264,7 @@ def _replica_tables(
         batch_size=batch,
         batch_format="numpy",
         compute=ray.data.ActorPoolStrategy(size=workers),
-        num_cpus=need.pop("CPU"),
-        num_gpus=need.pop("GPU", 0),
-        resources=need or None,
+        **task_options(job),
     )
     yield from predicted.iter_batches(batch_size=None, batch_format="pyarrow")
 

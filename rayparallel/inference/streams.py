@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..data.shards import leaves, take
-from .output import fresh_names, named_outputs, output_table
+from ..data.shards import leaves
+from .batches import built_model, padded
+from .output import named_outputs, output_table
 
 if TYPE_CHECKING:
     import ray.data
@@ -71,9 +72,6 @@ def predict_streams(
     with --continue-states), or from `dataset`: this worker's streams of a Ray Data dataset,
     read here whole (its share of the rows only).
     """
-    from ..model import build_model
-    from ..quiet import import_tensorflow
-    from ..spec.references import add_search_path
     from ..worker.replica import reset_states, stateful_layers
 
     start, stop, streams = owned
@@ -82,18 +80,14 @@ def predict_streams(
     else:
         index = loader_windows(_rows(x), streams, start, stop)
     warmup_index = loader_windows(_rows(warmup), streams, start, stop) if warmup is not None else None
-    import_tensorflow()
-    add_search_path(search_path)
-    fresh_names()
-    model = build_model(recipe, group_size)
-    model.set_weights(weights)
+    model = built_model(recipe, weights, search_path, group_size)
     layers = stateful_layers(model)
     for first in range(0, stop - start, group_size):
         group = np.arange(first, min(first + group_size, stop - start))
         reset_states(layers)
         if warmup is not None:
             for rows in warmup_index[:, group]:
-                model.predict_on_batch(_batch(warmup, rows, group_size))
+                model.predict_on_batch(padded(warmup, rows, group_size))
         yield from _group(model, x, index[:, group], start + group, group_size)
 
 
@@ -117,7 +111,7 @@ def _group(model: Any, x: Any, index: np.ndarray, streams: np.ndarray, group_siz
         present = rows >= 0
         if not present.any():
             continue
-        predicted = named_outputs(model, model.predict_on_batch(_batch(x, rows, group_size)))
+        predicted = named_outputs(model, model.predict_on_batch(padded(x, rows, group_size)))
         keys["stream"].append(streams[present])
         keys["t"].append(np.full(int(present.sum()), t))
         for name, values in predicted.items():
@@ -139,11 +133,3 @@ def _table(keys: dict[str, list], outputs: dict[str, list]) -> Any:
         {k: np.concatenate(v).astype("int64") for k, v in keys.items()},
         {k: np.concatenate(v) for k, v in outputs.items()},
     )
-
-
-def _batch(x: Any, rows: np.ndarray, size: int) -> Any:
-    """The rows `rows` (-1: none) as a batch of `size`, gaps filled with a copy of a real row."""
-    real = rows[rows >= 0]
-    filled = np.full(size, real[0])
-    filled[: len(rows)] = np.where(rows >= 0, rows, real[0])
-    return take(x, filled)

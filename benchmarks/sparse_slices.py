@@ -6,7 +6,7 @@ with the code of `--before` (a commit whose all-reduce gathers every sparse grad
 `--after`'s (`worker/sync.py`, `sum_shared_slices`: the position embedding's rows summed in the one dense
 all-reduce of the other gradients).
 Rounds alternate the two; each run is a fresh driver process whose local Ray starts its workers from that
-process's `rayparallel` (the older one comes first on `PYTHONPATH`, the user's modules from this folder).
+process's `rayparallel` (first on `PYTHONPATH`, checked), the job's modules from this folder.
 Each figure is the median samples/s of a run's epochs after the first; `after_vs_before_step_time` is the
 median of the rounds' step-time ratios (target <= 1.05).
 """
@@ -40,7 +40,7 @@ job = {
     "mlflow": {"enabled": False},
 }
 result = rayparallel.train(job, output_dir=sys.argv[1], verbose=False, resume=False)
-print("RESULT", json.dumps([epoch["samples_per_s"] for epoch in result.history[1:]]))
+print("RESULT", json.dumps([rayparallel.__path__[0], [epoch["samples_per_s"] for epoch in result.history[1:]]]))
 """
 
 
@@ -53,16 +53,22 @@ def code_of(revision: str, folder: Path) -> Path:
 
 
 def samples_per_s(code: Path | None, rows: int, epochs: int, out: Path) -> float:
-    env = dict(os.environ, PYTHONPATH=str(code)) if code else dict(os.environ)
+    """One run's median samples/s. Its driver runs in `out` (`python -c` puts its folder first on sys.path):
+    `rayparallel` from `code` (else this tree), `tests` from this tree, in it and in the workers it starts."""
+    out.mkdir(parents=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(code or REPO), str(REPO)]))
     env.pop("RAY_ADDRESS", None)  # a local Ray of its own, started from this process's rayparallel
     script = RUN.replace("ROWS", str(rows)).replace("EPOCHS", str(epochs))
     done = subprocess.run(
-        [sys.executable, "-c", script, str(out)], capture_output=True, text=True, cwd=REPO, env=env, timeout=1200
+        [sys.executable, "-c", script, str(out / "run")], capture_output=True, text=True, cwd=out, env=env, timeout=1200
     )
     line = [text for text in done.stdout.splitlines() if text.startswith("RESULT ")]
     if not line:
         raise RuntimeError(f"run failed: {done.stderr[-2000:]}")
-    return statistics.median(json.loads(line[0][7:]))
+    used, figures = json.loads(line[0][7:])
+    if Path(used).parent != Path(code or REPO):
+        raise RuntimeError(f"the run imported rayparallel from {used}, not from {code or REPO}")
+    return statistics.median(figures)
 
 
 def main() -> None:

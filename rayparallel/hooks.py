@@ -70,7 +70,7 @@ MODEL_ATTRIBUTES = ("_compile_config", "_symbolic_build", "_flatten_layers", "_c
 # The standard library's own private names the code uses (argparse's subparsers type, os._exit)
 STDLIB_PRIVATE = ("_SubParsersAction", "_exit")
 # BatchNormalization's moments, replaced by the global batch's (worker/batch_norm.py), and a wrapped
-# loss's arguments, which its config may drop (worker/compiled.py)
+# loss's arguments, which its config may drop (worker/compile_settings.py)
 BATCH_NORM_ATTRIBUTES = ("_moments", "_reduction_axes")
 LOSS_ATTRIBUTES = ("_fn_kwargs",)
 LOSS_MODULE_ATTRIBUTES = ("scale_loss_for_distribution", "unscale_loss_for_distribution", "reduce_weighted_values")

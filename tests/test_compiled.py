@@ -6,7 +6,7 @@ import pytest
 
 from rayparallel.errors import SpecError
 from rayparallel.spec.schema import TrainSpec
-from rayparallel.worker import compiled
+from rayparallel.worker import compile_settings as compiled
 
 
 def test_a_compiled_builder_gives_its_live_settings_and_a_plain_one_the_defaults():

@@ -23,7 +23,7 @@ from ..logs import LOSS_SCALE, THROUGHPUT
 from ..model import build_model
 from ..quiet import import_tensorflow
 from ..spec import JobSpec, Shard
-from ..worker import compile_objects, compiled, outputs, own_step, replica
+from ..worker import compile_checks, compile_settings, outputs, own_step, replica
 from ..worker.callbacks import callback_classes
 
 if TYPE_CHECKING:
@@ -85,18 +85,18 @@ def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
     data = _open_data(spec)
     replica.batch_dependent_variables(spec.model, spec.possible_batch_sizes, spec.train.dtype_policy)  # uneven splits
     model = build_model(spec.model, spec.per_worker_batch_size, spec.train.dtype_policy)
-    train = compiled.resolve(spec.train, model)
+    train = compile_settings.resolve(spec.train, model)
     own = own_step.overridden(model)
     own_step.check_job(spec, model)
     if data.sample_x is not None:
         check_inputs(model, data.sample_x, "data.x" if spec.data.dataset is not None else "data.loader x_train")
-    optimizer = compile_objects.make_optimizer(train.optimizer)
+    optimizer = compile_settings.make_optimizer(train.optimizer)
     names = outputs.output_names(model)
     y_train = outputs.targets_by_output(data.targets, names, "train")
     y_val = outputs.targets_by_output(data.val_targets, names, "val") if data.val_targets is not None else None
     if not own:
-        outputs.check_settings(train, model, y_train)
-    compiled.compile_model(model, optimizer, train)
+        compile_checks.check_settings(train, model, y_train)
+    compile_settings.compile_model(model, optimizer, train)
     rows = spec.per_worker_batch_size
     if data.weighted and not own:
         check_weights(model, outputs.first_rows((data.features, y_train, data.weights), rows), train.loss)
@@ -120,7 +120,7 @@ def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
         data.inputs,
         files,
         weight_file_bytes(model),
-        compiled.described(spec.train, train),
+        compile_settings.described(spec.train, train),
         notes,
     )
 
@@ -255,7 +255,7 @@ def check_weights(model: keras.Model, rows: tuple, loss: Any) -> None:
 def _named(loss: Any) -> str:
     if outputs.per_output(loss):
         return str({name: _named(value) for name, value in loss.items()})
-    return repr(compile_objects.make_loss(loss).name)
+    return repr(compile_settings.make_loss(loss).name)
 
 
 def check_inputs(model: keras.Model, x: Any, key: str = "data.x") -> None:

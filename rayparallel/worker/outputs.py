@@ -12,13 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..errors import DataError, SpecError, describe
-from . import compile_objects
+from ..errors import DataError, describe
 
 if TYPE_CHECKING:
     import keras
-
-    from ..spec import TrainSpec
 
 
 def output_names(model: keras.Model) -> list[str]:
@@ -48,32 +45,6 @@ def targets_by_output(y: Any, names: list[str], split: str) -> Any:
     return y if len(names) > 1 else y[0]
 
 
-def check_settings(train: TrainSpec, model: keras.Model, y: Any) -> None:
-    """Each output's loss, weight and metrics, checked against the targets `y` (in output order): keys by
-    output name, names Keras resolves, targets of the output's shape, one history key per metric."""
-    names = output_names(model)
-    ys = list(y) if len(names) > 1 else [y]
-    shapes = [tuple(output.shape) for output in model.outputs]
-    losses = _by_output(train.loss, names, "train.loss", required=True)
-    _weights(train.loss_weights, names)  # checked: compile takes them as given
-    metrics = _by_output(train.metrics, names, "train.metrics", required=False, default=[])
-    weighted = _by_output(train.weighted_metrics, names, "train.weighted_metrics", required=False, default=[])
-    for name, y_k, shape in zip(names, ys, shapes, strict=True):
-        compile_objects.check_targets(losses[name], y_k, shape, name if len(names) > 1 else "")
-        prefix = f"{name}_" if len(names) > 1 else ""
-        made, made_weighted = (
-            [(prefix + m.name, m) for m in compile_objects.make_metrics(given[name] or [], losses[name], y_k, shape)]
-            for given in (metrics, weighted)
-        )
-        shared = sorted({n for n, _ in made} & {n for n, _ in made_weighted})
-        if shared:
-            raise SpecError(
-                f"train.weighted_metrics: expected names apart from train.metrics' (they share one history), "
-                f"received {shared} in both"
-            )
-        compile_objects.make_loss(losses[name])
-
-
 def first_rows(structure: Any, rows: int) -> Any:
     """The first `rows` rows of arrays nested as `fit` takes them (dicts, tuples); text as TensorFlow strings
     (Keras' symbolic build knows no NumPy object dtype)."""
@@ -86,32 +57,3 @@ def first_rows(structure: Any, rows: int) -> Any:
         return tf.constant(array) if array.dtype.kind in "OSU" else array
 
     return keras.tree.map_structure(first, structure)
-
-
-def _by_output(value: Any, names: list[str], key: str, required: bool, default: Any = None) -> dict[str, Any]:
-    if not per_output(value):
-        return dict.fromkeys(names, value)  # one loss (or one metrics list) for every output, as compile does
-    unknown = sorted(set(value) - set(names))
-    if unknown:
-        raise SpecError(f"{key}: expected keys among the model's outputs {names}, received {unknown}")
-    missing = [name for name in names if name not in value]
-    if required and missing:
-        raise SpecError(f"{key}: expected a loss for every output {names}, received none for {missing}")
-    return {name: value.get(name, default) for name in names}
-
-
-def _weights(value: Any, names: list[str]) -> dict[str, float]:
-    if value is None:
-        return dict.fromkeys(names, 1.0)
-    if isinstance(value, list):
-        if len(value) != len(names):
-            raise SpecError(
-                f"train.loss_weights: expected one weight per output {names}, received {len(value)} ({value})"
-            )
-        return dict(zip(names, map(float, value), strict=True))
-    if isinstance(value, dict):
-        unknown = sorted(set(value) - set(names))
-        if unknown:
-            raise SpecError(f"train.loss_weights: expected keys among the model's outputs {names}, received {unknown}")
-        return {name: float(value.get(name, 1.0)) for name in names}
-    raise SpecError(f"train.loss_weights: expected a dict keyed by output name or a list, received {describe(value)}")

@@ -18,7 +18,7 @@ from ..model import build_model
 from ..result import WorkerInfo
 from ..spec import JobSpec
 from ..spec.schema import rank_rows
-from . import compile_objects, compiled, outputs, own_step, replica, resume
+from . import compile_settings, outputs, own_step, replica, resume
 from .batch_norm import BatchNormSync
 from .cadence import ProgressCadence
 from .callbacks import Callbacks, make_callbacks
@@ -100,18 +100,18 @@ class WorkerSetup:
         spec = self.spec
         with self.strategy.scope(), replica.kept_local(self.batch_local):
             self.model = build_model(spec.model, self.per_worker, spec.train.dtype_policy)
-            train = compiled.resolve(spec.train, self.model, check=False)  # the driver checked
+            train = compile_settings.resolve(spec.train, self.model, check=False)  # the driver checked
             self.own = own_step.overridden(self.model)
-            self.optimizer = compile_objects.make_optimizer(train.optimizer)
+            self.optimizer = compile_settings.make_optimizer(train.optimizer)
             self.output_names = names = outputs.output_names(self.model)
             self.sample_y = outputs.targets_by_output(self.feed.sample_y, names, "train")
             # every step reads compile's loss and metrics (a model's own also self.optimizer): built before its trace
-            compiled.compile_model(self.model, self.optimizer, train)
+            compile_settings.compile_model(self.model, self.optimizer, train)
             self.model._symbolic_build(
                 data_batch=outputs.first_rows((self.feed.sample_x, self.sample_y), self.per_worker)
             )
             self.optimizer.build(self.model.trainable_variables)  # not lazily inside the compiled step
-        compile_objects.accumulate_schedule(self.optimizer, spec.train.gradient_accumulation_steps)
+        compile_settings.accumulate_schedule(self.optimizer, spec.train.gradient_accumulation_steps)
         sum_shared_slices(self.optimizer)  # first: compression casts, then averages, then clips what it sums
         compress_gradients(self.optimizer, spec.train.gradient_compression)
         average_over_workers(self.optimizer, self.world)  # before: clipping acts on the mean

@@ -1,9 +1,13 @@
-"""The job's training settings, from `train:` or from a builder that compiled its model.
+"""The job's compile settings, resolved: from `train:` or from a builder that compiled its model, as the
+Keras objects `compile` would make of them.
 
 A Keras user's builder usually ends with `model.compile(...)`: its optimizer, loss, loss
 weights and metrics are then the job's, as live objects (a Huber's delta, a schedule and
 an optimizer's clipping all kept), and `train.optimizer`/`loss`/`metrics` may be left out.
-Given both and different, the job is refused with one line naming both.
+Given both and different, the job is refused with one line naming both. A model its builder
+did not compile is compiled here with the job's settings (`compile_model`); every step then
+runs the model's own `compute_loss` and `compute_metrics`. What of the settings the driver
+checks before training is `compile_checks`'.
 """
 
 from __future__ import annotations
@@ -11,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from ..errors import SpecError
-from . import compile_objects
+from ..errors import SpecError, first_line
+from .loss_reduction import keras_loss
 
 if TYPE_CHECKING:
     import keras
@@ -65,7 +69,7 @@ def _objects(value: Any, kind: str) -> Any:
     import keras
 
     if isinstance(value, dict) and "class_name" in value:
-        return compile_objects.make_loss(value) if kind == "loss" else keras.metrics.get(value)
+        return make_loss(value) if kind == "loss" else keras.metrics.get(value)
     if isinstance(value, dict):
         return {name: _objects(entry, kind) for name, entry in value.items()}
     if isinstance(value, list):
@@ -130,3 +134,70 @@ def _fingerprint(key: str, value: Any) -> str:
 
 def _shown(value: Any) -> str:
     return type(value).__name__ if hasattr(value, "get_config") else repr(value)
+
+
+def make_optimizer(identifier: str | dict) -> keras.optimizers.Optimizer:
+    import keras
+
+    identifier = _with_schedule(identifier)
+    try:
+        return keras.optimizers.get(identifier)
+    except (ValueError, TypeError) as exc:
+        raise SpecError(
+            f"train.optimizer: expected a Keras optimizer name or {{class_name, config}}, received {identifier!r} ({exc})"
+        ) from None
+
+
+def accumulate_schedule(optimizer: keras.optimizers.Optimizer, steps: int) -> None:
+    """With gradient accumulation, Keras' optimizer counts Adam's steps per update but feeds its
+    learning-rate schedule the count of batches; ours counts updates, so the schedule is asked
+    for the batch count of each update (update u is batch u*k + k-1), as Keras asks it."""
+    import keras
+
+    schedule = optimizer._learning_rate
+    if steps <= 1 or not isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+        return
+
+    class PerBatch(keras.optimizers.schedules.LearningRateSchedule):
+        def __call__(self, update):
+            return schedule(update * steps + steps - 1)
+
+        def get_config(self):
+            return {"schedule": keras.optimizers.schedules.serialize(schedule), "steps": steps}
+
+    optimizer._learning_rate = PerBatch()
+
+
+def _with_schedule(identifier: str | dict) -> str | dict:
+    """`learning_rate: {class_name: CosineDecay, config: {...}}` as users write it, made the
+    `keras.optimizers.schedules` object Keras' optimizer config needs (it only finds its own
+    classes there when the dict also names their module)."""
+    import keras
+
+    rate = identifier.get("config", {}).get("learning_rate") if isinstance(identifier, dict) else None
+    if not isinstance(rate, dict):
+        return identifier
+    try:
+        schedule = keras.optimizers.schedules.deserialize(rate)
+        if not isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+            raise ValueError(f"not a class of keras.optimizers.schedules: {rate.get('class_name')!r}")
+    except (ValueError, TypeError) as exc:
+        first = first_line(exc)
+        raise SpecError(
+            "train.optimizer.config.learning_rate: expected a number or a keras.optimizers.schedules class as "
+            f"{{class_name, config}} (CosineDecay, ExponentialDecay, ...), received {rate!r} ({first})"
+        ) from None
+    return {**identifier, "config": {**identifier["config"], "learning_rate": schedule}}
+
+
+def make_loss(identifier: str | dict) -> keras.losses.Loss:
+    """The Keras `Loss` `compile` makes of a name, a {class_name, config} or a live object."""
+    try:
+        loss = keras_loss(identifier)
+    except (ValueError, TypeError) as exc:
+        raise SpecError(
+            f"train.loss: expected a Keras loss name or {{class_name, config}}, received {identifier!r} ({exc})"
+        ) from None
+    if loss is None:
+        raise SpecError(f"train.loss: expected a Keras loss name or {{class_name, config}}, received {identifier!r}")
+    return loss

@@ -89,6 +89,7 @@ def _add_submit_and_export(commands: argparse._SubParsersAction) -> None:
     submit.add_argument(
         "--output-dir", default=None, help="output folder on the cluster (default runs/NAME in the job's dir)"
     )
+    submit.add_argument("--verbose", action="store_true", help="show Ray's lines about packing the working dir")
     export = commands.add_parser("export", help="rebuild the base model at a batch size and save it as .keras")
     export.add_argument("checkpoint", help="a .weights.h5 file or a checkpoint folder (then its best file)")
     export.add_argument("--batch-size", type=int, default=1, help="batch size of the exported model (default 1)")
@@ -217,6 +218,7 @@ def _submit(args: argparse.Namespace) -> int:
         wait=not args.no_wait,
         working_dir=args.working_dir,
         output_dir=args.output_dir,
+        verbose=args.verbose or args.debug,
     )
 
 

@@ -67,6 +67,13 @@ OPTIMIZER_ATTRIBUTES = ("_all_reduce_sum_gradients", "_clip_gradients", "_learni
 # metrics before every step is traced, the loss `compute_loss` computes without its tracker (our
 # step's), the loss scaling every step runs without, and the loss reduction it makes global.
 MODEL_ATTRIBUTES = ("_compile_config", "_symbolic_build", "_flatten_layers", "_compute_loss")  # every nested layer
+# Ray's loggers that narrate a job's packaging (`rayparallel submit` holds them back without --verbose)
+RAY_PACKAGING_LOGGERS = (
+    "ray.dashboard.modules.dashboard_sdk",
+    "ray.dashboard.modules.job.sdk",
+    "ray._private.runtime_env.packaging",
+    "ray._private.runtime_env.working_dir",
+)
 # The standard library's own private names the code uses (argparse's subparsers type, os._exit)
 STDLIB_PRIVATE = ("_SubParsersAction", "_exit")
 # BatchNormalization's moments, replaced by the global batch's (worker/batch_norm.py), and a wrapped

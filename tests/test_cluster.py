@@ -251,6 +251,8 @@ def test_rayparallel_submit_with_one_fake_gpu_per_worker(cluster, tmp_path):
     )
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     assert "SUCCEEDED" in run.stdout and "Epoch 1/1" in run.stdout and "placement: rank 0" in run.stdout
+    for packaging in ("Ignoring upload", "is now ignored", "Pushing file package", "Uploading package"):
+        assert packaging not in run.stdout + run.stderr, packaging  # Ray's narration: with --verbose only
     workers = json.loads((out / "result.json").read_text())["workers"]
     assert sorted(g for w in workers for g in w["gpu_ids"]) == ["0", "1"]  # exactly one GPU each, distinct
     assert all(len(w["gpu_ids"]) == 1 for w in workers)

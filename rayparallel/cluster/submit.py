@@ -13,14 +13,17 @@ file, see infra/README.md); a password set here is left out, and the console say
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ..errors import RayParallelError, first_line
+from ..hooks import RAY_PACKAGING_LOGGERS
 from ..secrets import without_credentials
 from ..spec import load_spec
 
@@ -63,8 +66,10 @@ def submit(
     wait: bool = True,
     working_dir: str | None = None,
     output_dir: str | None = None,
+    verbose: bool = False,
 ) -> int:
-    """Submit `rayparallel train JOB` to the cluster at `address`; returns an exit code."""
+    """Submit `rayparallel train JOB` to the cluster at `address`; returns an exit code. Ray's lines about
+    packing and uploading the working directory are shown with `verbose` only."""
     spec = load_spec(job, overrides)  # bad specs fail here, before anything is uploaded
     folder = Path(working_dir or os.getcwd()).resolve()
     job_path = Path(job).resolve()
@@ -86,11 +91,12 @@ def submit(
     if output_dir:
         arguments += ["--output-dir", output_dir]
     entrypoint = shlex.join(arguments)
-    job_id = client.submit_job(
-        entrypoint=entrypoint,
-        runtime_env=runtime_env(job_path, folder, spec.run.pip),
-        metadata={"rayparallel.job": spec.name},
-    )
+    with packaging_lines_shown(verbose):
+        job_id = client.submit_job(
+            entrypoint=entrypoint,
+            runtime_env=runtime_env(job_path, folder, spec.run.pip),
+            metadata={"rayparallel.job": spec.name},
+        )
     print(f"rayparallel: submitted {spec.name} as Ray job {job_id} to {address}")
     print(
         f"  follow: ray job logs --address {address} --follow {job_id}; stop: ray job stop --address {address} {job_id}"
@@ -98,6 +104,21 @@ def submit(
     if not wait:
         return 0
     return _follow(client, job_id)
+
+
+@contextlib.contextmanager
+def packaging_lines_shown(show: bool) -> Iterator[None]:
+    """Ray's packaging narration ("Ignoring upload...", "... is now ignored ...", "Pushing file package")
+    held back in the block, unless `show`: the working directory still goes, excluded files as before."""
+    loggers = [logging.getLogger(name) for name in RAY_PACKAGING_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers if not show else []:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def withheld_credentials(overrides: Sequence[str] = ()) -> list[str]:

@@ -80,6 +80,7 @@ def fit(
     batch_size: int | None = None,
     epochs: int = 1,
     validation_data: Any = None,
+    validation_split: float = 0.0,
     sample_weight: Any = None,
     class_weight: dict | None = None,
     callbacks: list[keras.callbacks.Callback] | None = None,
@@ -99,8 +100,8 @@ def fit(
     """`model.fit` on `num_workers` Ray Train workers, from a notebook or a script: no YAML, no module.
 
     `build(batch_size)` returns the model (compiled or not) for a worker's rows, from anywhere (a
-    notebook cell: Ray sends it by value). The data arguments mean what they mean in `fit`;
-    `batch_size` is the global batch; `shuffle=False` keeps row order (for stateful models). Arrays
+    notebook cell: Ray sends it by value). The data arguments mean what they mean in `fit`
+    (`validation_split` splits arrays as `fit` does); `batch_size` is the global batch; `shuffle=False` keeps row order (for stateful models). Arrays
     go to Ray's object store once; a tf.data pipeline as the function that builds it (`x=make_ds`),
     called by every worker. Other settings: `mlflow={"experiment": "x"}`, `overrides=["run.seed=1"]`.
 
@@ -109,12 +110,12 @@ def fit(
     """
     from .data.in_memory import fit_loader
 
-    _check_fit_arguments(batch_size, settings)
+    _check_fit_arguments(batch_size)
     job = {
         "name": name or _run_name(build),
         "model": {"builder": build},
         "data": {
-            "loader": fit_loader(x, y, validation_data, sample_weight),
+            "loader": fit_loader(x, y, validation_data, sample_weight, validation_split),
             "layout": "shuffle" if shuffle else "streams",
         },
         "train": dict(
@@ -134,15 +135,10 @@ def fit(
     )
 
 
-def _check_fit_arguments(batch_size: Any, settings: dict) -> None:
-    """What `fit` takes and rayparallel does not (`validation_split`), or must have (`batch_size`)."""
+def _check_fit_arguments(batch_size: Any) -> None:
+    """What `fit` can do without and rayparallel must have (`batch_size`: the global batch)."""
     from .errors import SpecError
 
-    if "validation_split" in settings:
-        raise SpecError(
-            "validation_split: expected validation_data=(x_val, y_val) (rayparallel.fit does not split), "
-            f"received validation_split={settings['validation_split']!r}"
-        )
     if not isinstance(batch_size, int) or isinstance(batch_size, bool):
         raise SpecError(f"batch_size: expected the global batch size (an integer), received {batch_size!r}")
 

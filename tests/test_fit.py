@@ -141,15 +141,15 @@ def build_digits(batch_size):
 
 @pytest.mark.slow
 def test_rows_that_do_not_fill_the_last_batch_train_as_fit_trains_them(ray_address, tmp_path):
-    """scikit-learn's digits as a notebook user passes them: 1,400 training rows (the last batch of 64 holds 56)
-    and 397 validation rows (13 in the last), `class_weight`, `EarlyStopping` and `CSVLogger` instances,
+    """scikit-learn's digits as a notebook user passes them: `validation_split=0.22` of the 1,797 rows (Keras'
+    split: 1,401 training rows, whose last batch of 64 holds 57, split 29/28 over the workers, and 396
+    validation rows, 12 in the last), `class_weight`, `EarlyStopping` and `CSVLogger` instances,
     `shuffle=False`: the last batches are trained on and evaluated, as Keras `fit` in this process does."""
     import keras
     from sklearn.datasets import load_digits
 
     digits = load_digits()
     x, y = (digits.data / 16.0).astype("float32"), digits.target.astype("int32")
-    train, val = (x[:1400], y[:1400]), (x[1400:], y[1400:])
     class_weight = {digit: 1.0 + digit / 10 for digit in range(10)}
 
     def callbacks(folder: Path) -> list:
@@ -157,14 +157,14 @@ def test_rows_that_do_not_fill_the_last_batch_train_as_fit_trains_them(ray_addre
 
     keras.utils.set_random_seed(4)
     model = build_digits(64)
-    arguments = dict(batch_size=64, epochs=3, validation_data=val, class_weight=class_weight, shuffle=False)
-    history = model.fit(*train, callbacks=callbacks(tmp_path), verbose=0, **arguments).history
+    arguments = dict(batch_size=64, epochs=3, validation_split=0.22, class_weight=class_weight, shuffle=False)
+    history = model.fit(x, y, callbacks=callbacks(tmp_path), verbose=0, **arguments).history
     result = rayparallel.fit(
-        build_digits, *train, callbacks=callbacks(Path(".")), train={"seed": 4}, output_dir=tmp_path / "run",
+        build_digits, x, y, callbacks=callbacks(Path(".")), train={"seed": 4}, output_dir=tmp_path / "run",
         mlflow={"enabled": False}, verbose=False, **arguments,
     )  # fmt: skip
     error = max_relative_error(final_weights(result.final_weights, build_digits), model.get_weights())
-    print(f"digits, 1,400 rows: rayparallel.fit on 2 workers vs Keras fit, max relative weight error {error:.2e}")
+    print(f"digits, validation_split: rayparallel.fit on 2 workers vs Keras fit, max relative weight error {error:.2e}")
     assert error < 1e-5
     for key, values in history.items():
         assert [epoch[key] for epoch in result.history] == pytest.approx(values, rel=1e-4), key
@@ -184,14 +184,23 @@ ROWS = np.zeros((32, 3), "float32"), np.zeros((32, 1), "float32")
 @pytest.mark.parametrize(
     "arguments, expected",
     [
-        (dict(batch_size=8, validation_split=0.2), "validation_split: expected validation_data=(x_val, y_val)"),
+        (dict(batch_size=8, validation_split=1.5), "validation_split: expected a fraction between 0 and 1"),
+        (dict(batch_size=8, validation_split=0.99), "validation_split: expected rows on both sides of the split"),
         ({}, "batch_size: expected the global batch size (an integer), received None"),
         (dict(batch_size=8, y=ROWS[1][:30]), "y: expected as many rows as x (32), received 30"),
         (dict(batch_size=8, y=None), "y: expected the targets of x's rows, received None beside x of 32 rows"),
         (dict(batch_size=8, validation_data=[1, 2]), "validation_data: expected (x_val, y_val)"),
         (dict(batch_size=8, trian={"epochs": 2}), "trian: unknown key; expected one of ['checkpoint', 'data'"),
     ],
-    ids=["validation_split", "no_batch_size", "lengths", "no_y", "validation_data", "unknown_setting"],
+    ids=[
+        "validation_split",
+        "validation_split_empty",
+        "no_batch_size",
+        "lengths",
+        "no_y",
+        "validation_data",
+        "unknown_setting",
+    ],
 )
 def test_bad_input_is_one_line_before_anything_starts(arguments, expected):
     arguments = {"x": ROWS[0], "y": ROWS[1], **arguments}
@@ -220,6 +229,8 @@ def test_a_builder_that_cannot_be_pickled_and_a_tf_data_x_are_refused():
         rayparallel.fit(build_dense, dataset, batch_size=8)
     with pytest.raises(RayParallelError, match=r"^y: expected None with a function x .*received array"):
         rayparallel.fit(build_dense, lambda: dataset, ROWS[1], batch_size=8)
+    with pytest.raises(RayParallelError, match=r"^validation_split: expected arrays x \(fit splits only arrays\)"):
+        rayparallel.fit(build_dense, lambda: dataset, validation_split=0.2, batch_size=8)
     with pytest.raises(RayParallelError, match=r"^validation_data: expected a function that returns the validation"):
         rayparallel.fit(build_dense, lambda: dataset, validation_data=dataset, batch_size=8)
 

@@ -14,16 +14,45 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import DataError, describe
+from ..errors import DataError, describe, first_line
 
 
-def fit_loader(x: Any, y: Any, validation_data: Any, sample_weight: Any) -> Callable[[], dict[str, Any]]:
+def fit_loader(
+    x: Any, y: Any, validation_data: Any, sample_weight: Any, validation_split: float = 0.0
+) -> Callable[[], dict[str, Any]]:
     """The job's `data.loader` for `model.fit`'s data arguments."""
     from .keras_inputs import is_dataset
 
+    if validation_split and validation_data is None:  # as fit: validation_data wins over validation_split
+        if (callable(x) and not is_dataset(x)) or is_dataset(x):
+            raise DataError(
+                f"validation_split: expected arrays x (fit splits only arrays), received {describe(x)}; pass "
+                "validation_data instead"
+            )
+        (x, y, sample_weight), validation_data = split_off_validation((x, y, sample_weight), validation_split)
     if callable(x) and not is_dataset(x):
         return DatasetFunctions(x, y, validation_data, sample_weight)
     return InMemoryData(fit_data(x, y, validation_data, sample_weight))
+
+
+def split_off_validation(arrays: tuple, validation_split: float) -> tuple[tuple, tuple]:
+    """`fit(validation_split=...)`'s split, by Keras' own function: the last fraction of the rows (before any
+    shuffle) is the validation data. Returns the training arrays and `validation_data`."""
+    from ..hooks import hook
+
+    if (
+        isinstance(validation_split, bool)
+        or not isinstance(validation_split, (int, float))
+        or not 0 < validation_split < 1
+    ):
+        raise DataError(f"validation_split: expected a fraction between 0 and 1, received {validation_split!r}")
+    try:
+        train, val = hook("keras_train_validation_split")(arrays, validation_split=validation_split)
+    except ValueError as exc:  # Keras: too few rows for the split
+        raise DataError(
+            f"validation_split: expected rows on both sides of the split, received {first_line(exc)}"
+        ) from None
+    return train, tuple(a for a in val if a is not None)
 
 
 class DatasetFunctions:

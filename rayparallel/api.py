@@ -99,11 +99,11 @@ def fit(
 ) -> TrainResult:
     """`model.fit` on `num_workers` Ray Train workers, from a notebook or a script: no YAML, no module.
 
-    `build(batch_size)` returns the model (compiled or not) for a worker's rows, from anywhere (a
-    notebook cell: Ray sends it by value). The data arguments mean what they mean in `fit`
-    (`validation_split` splits arrays as `fit` does); `batch_size` is the global batch; `shuffle=False` keeps row order (for stateful models). Arrays
-    go to Ray's object store once; a tf.data pipeline as the function that builds it (`x=make_ds`),
-    called by every worker. Other settings: `mlflow={"experiment": "x"}`, `overrides=["run.seed=1"]`.
+    `build(batch_size)` returns the model (compiled or not) for a worker's rows, from anywhere (a notebook
+    cell: Ray sends it by value). The data arguments mean what they mean in `fit` (`validation_split` too);
+    `batch_size` is the global batch; `shuffle=False` keeps row order (for stateful models). Arrays go to
+    Ray's object store once; a tf.data pipeline as the function that builds it (`x=make_ds`), called by
+    every worker. Other settings: `mlflow={"experiment": "x"}`, `overrides=["run.seed=1"]`.
 
     >>> result = rayparallel.fit(build, x, y, batch_size=32, epochs=3, validation_data=(xv, yv))  # doctest: +SKIP
     >>> model = rayparallel.load_model(result.checkpoint_dir, batch_size=1)  # doctest: +SKIP
@@ -111,13 +111,11 @@ def fit(
     from .data.in_memory import fit_loader
 
     _check_fit_arguments(batch_size)
+    loader = fit_loader(x, y, validation_data, sample_weight, validation_split)
     job = {
         "name": name or _run_name(build),
         "model": {"builder": build},
-        "data": {
-            "loader": fit_loader(x, y, validation_data, sample_weight, validation_split),
-            "layout": "shuffle" if shuffle else "streams",
-        },
+        "data": {"loader": loader, "layout": "shuffle" if shuffle else "streams"},
         "train": dict(
             global_batch_size=batch_size,
             epochs=epochs,

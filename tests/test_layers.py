@@ -29,6 +29,7 @@ FLOORS = {
     "cluster": 7,
     "tuning": 8,  # many runs, each the one run path of cluster/run.py, scheduled by Ray Tune
     "inference": 8,  # `predict`: trained weights over the job's rows, on tasks or Ray Data replicas
+    "serve": 8,  # `serve`: live streams, each in a slot of a replica, on inference's and training's parts
     "api": 9,
     "cli": 9,
     "__init__": 9,

@@ -10,6 +10,7 @@ from .errors import RayParallelError
 from .inference.output import read_predictions
 from .inference.run import predict
 from .result import TrainResult
+from .serve.run import Served, serve
 from .spec import JobSpec, Shard, load_spec
 from .tuning.result import SweepResult
 from .version import __version__
@@ -21,6 +22,8 @@ __all__ = [
     "validate",
     "predict",
     "read_predictions",
+    "serve",
+    "Served",
     "load_model",
     "export",
     "load_spec",

@@ -1,4 +1,4 @@
-"""`rayparallel train|validate|tune|submit|export|predict`: the command line over the Python API.
+"""`rayparallel train|validate|tune|submit|export|predict|serve`: the command line over the Python API.
 
 Bad input exits with code 2 and one line on stderr; `--debug` shows the traceback.
 """
@@ -23,6 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_tune(commands)
     _add_submit_and_export(commands)
     _add_predict(commands)
+    _add_serve(commands)
     return parser
 
 
@@ -121,6 +122,24 @@ def _add_predict(commands: argparse._SubParsersAction) -> None:
     predict.add_argument("--overwrite", action="store_true", help="replace an earlier prediction in --out")
     predict.add_argument("--unlisted", action="store_true", help="accept a weights file the manifest does not list")
     predict.add_argument("--worker-logs", action="store_true", help="show the workers' own output")
+
+
+def _add_serve(commands: argparse._SubParsersAction) -> None:
+    serve = commands.add_parser("serve", help="serve the job's stateful model to live streams (KServe v2, Ray Serve)")
+    serve.add_argument("job", help="job YAML file")
+    serve.add_argument("--weights", required=True, help="a .weights.h5 file or a checkpoint folder (then its best)")
+    serve.add_argument("--name", default=None, help="the model's name in /v2/models/NAME (default: the job's name)")
+    serve.add_argument("--replicas", type=int, default=1, help="Ray Serve replicas (default 1)")
+    serve.add_argument("--slots", type=int, default=None, help="streams a replica holds (default: the global batch)")
+    serve.add_argument("--idle-timeout-s", type=float, default=60.0, help="a stream idle this long is freed (60)")
+    serve.add_argument("--slot-wait-s", type=float, default=5.0, help="how long a start waits for a slot, then 503 (5)")
+    serve.add_argument("--use-gpu", action="store_true", default=None, help="one GPU per replica")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    serve.add_argument("--detach", action="store_true", help="leave it running on the cluster in RAY_ADDRESS")
+    _repeatable(serve, "--set", "overrides", "KEY=VALUE", "override a spec value")
+    serve.add_argument("--unlisted", action="store_true", help="accept a weights file the manifest does not list")
+    serve.add_argument("--worker-logs", action="store_true", help="show the replicas' own output")
 
 
 def _repeatable(command: argparse.ArgumentParser, flag: str, dest: str, metavar: str, text: str) -> None:
@@ -252,6 +271,36 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from .serve.run import serve, stay_up
+
+    if args.detach and not os.environ.get("RAY_ADDRESS"):
+        raise RayParallelError(
+            "--detach: expected a running Ray cluster in RAY_ADDRESS to leave the application on, received none "
+            "(a local Ray ends with this command)"
+        )
+    signal.signal(signal.SIGTERM, _interrupt)  # `ray job stop` ends it like Ctrl-C
+    served = serve(
+        args.job,
+        weights=args.weights,
+        name=args.name,
+        replicas=args.replicas,
+        slots=args.slots,
+        idle_timeout_s=args.idle_timeout_s,
+        slot_wait_s=args.slot_wait_s,
+        use_gpu=args.use_gpu,
+        host=args.host,
+        port=args.port,
+        overrides=args.overrides,
+        unlisted=args.unlisted,
+        worker_logs=args.worker_logs or args.debug,
+    )
+    if not args.detach:
+        print("rayparallel serve: up until Ctrl-C", flush=True)
+        stay_up(served.name)
+    return 0
+
+
 COMMANDS = {
     "train": _train,
     "validate": _validate,
@@ -259,6 +308,7 @@ COMMANDS = {
     "submit": _submit,
     "export": _export,
     "predict": _predict,
+    "serve": _serve,
 }
 
 

@@ -57,6 +57,8 @@ HOOKS = {
     "keras_same_rank": "keras.src.losses.loss:squeeze_or_expand_to_same_rank",
     # `fit(validation_split=...)`'s split of arrays, which `rayparallel.fit` makes as fit makes it
     "keras_train_validation_split": "keras.src.trainers.data_adapters.array_slicing:train_validation_split",
+    # serve: Ray Serve's request router keyed on the session id (experimental), by its dotted path
+    "consistent_hash_router": "ray.serve.experimental.consistent_hash_router:ConsistentHashRouter",
     # a loss function wrapped as compile wraps it (keras.losses exports no such class)
     "keras_loss_function_wrapper": "keras.src.losses.losses:LossFunctionWrapper",
 }

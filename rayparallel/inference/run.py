@@ -103,7 +103,7 @@ def predict(
             ray_up.enter_context(ray_session(job, worker_logs, predict=True))
         rows = find_rows(job, split, continue_states, x)
         workers = _workers(num_workers, job, rows)
-        rebuilt = _rebuilt(job, weights, unlisted)
+        rebuilt = rebuilt_for(job, weights, unlisted)
         batch = _batch_size(job, rows, workers)
         say(f"rayparallel predict: {rows.source}, {_described(rows, workers, batch)}; {_weights_line(rebuilt)}")
         result = PredictResult(
@@ -144,7 +144,7 @@ def _predicted(
     return _write(out, itertools.chain([first] if first is not None else [], tables), rows.count, say)
 
 
-def _rebuilt(job: JobSpec, weights: str | os.PathLike, unlisted: bool) -> Rebuilt:
+def rebuilt_for(job: JobSpec, weights: str | os.PathLike, unlisted: bool, batch_size: int = 1) -> Rebuilt:
     """The job's model with the weights, checked to be the model they were trained for (one line if not)."""
     from ..checkpoint.export import find_weights, rebuild
 
@@ -155,7 +155,7 @@ def _rebuilt(job: JobSpec, weights: str | os.PathLike, unlisted: bool) -> Rebuil
             f"--weights: expected weights of the job's model ({reference_name(job.model.builder)}), received "
             f"{str(path)!r}, trained for {trained}"
         )
-    return rebuild(weights, 1, unlisted, dict(job.model.kwargs))
+    return rebuild(weights, batch_size, unlisted, dict(job.model.kwargs))
 
 
 def _workers(num_workers: int | None, job: JobSpec, rows: Rows) -> int:

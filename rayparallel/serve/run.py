@@ -1,0 +1,139 @@
+"""One serving application, the one code path of `rayparallel.serve` and `rayparallel serve`.
+
+Order matters as in training and predict: every check that can refuse (the arguments, the weights
+against the job's model, a model S slots can hold) comes before Ray Serve starts anything, so a bad
+argument is one line and nothing is left running.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..console import printer
+from ..errors import RayParallelError
+from ..spec import SpecSource, load_spec
+from .app import ServeSettings, build
+
+if TYPE_CHECKING:
+    from ray.serve.handle import DeploymentHandle
+
+
+@dataclass
+class Served:
+    """A running application: where it answers, and a handle for callers inside Ray."""
+
+    url: str  # the model's KServe address: POST {url}/infer
+    name: str
+    weights: str
+    why: str
+    slots: int
+    replicas: int
+    handle: DeploymentHandle  # the ingress: `handle.remote(...)` is a request as HTTP gives it
+
+
+def serve(
+    spec: SpecSource,
+    *,
+    weights: str | os.PathLike,
+    name: str | None = None,
+    replicas: int = 1,
+    slots: int | None = None,
+    idle_timeout_s: float = 60.0,
+    slot_wait_s: float = 5.0,
+    use_gpu: bool | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    overrides: Iterable[str] = (),
+    unlisted: bool = False,
+    verbose: bool = True,
+    worker_logs: bool = False,
+) -> Served:
+    """The job's stateful model served to live streams on Ray Serve, KServe v2 with Triton's sequence extension.
+
+    Each of `replicas` holds `slots` streams (default the job's global batch: the model is built for it);
+    a stream takes a slot at `sequence_start`, frees it at `sequence_end` or after `idle_timeout_s`, and
+    its answers are what the batch-1 loop over its windows gives. The application stays up while Ray
+    does (`ray.serve.delete(name)` ends it; the command line ends it at Ctrl-C).
+
+    >>> served = rayparallel.serve("jobs/stateful_lstm.yaml", weights="runs/stateful-lstm-co2/checkpoints")  # doctest: +SKIP
+    >>> served.url  # doctest: +SKIP
+    'http://127.0.0.1:8000/v2/models/stateful-lstm-co2'
+    """
+    from ..cluster import connect
+    from ..inference.run import rebuilt_for
+
+    job = load_spec(spec, list(overrides))
+    settings = _settings(job, name, replicas, slots, idle_timeout_s, slot_wait_s, use_gpu)
+    _check_address(host, port)
+    rebuilt = rebuilt_for(job, weights, unlisted, batch_size=settings.slots)
+    _check_model(rebuilt.model)
+    working_dir = os.getcwd()
+    connect.connect(worker_logs)  # a local Ray started here lives as long as this process
+    from ray import serve as ray_serve
+
+    if not worker_logs:  # Ray Serve's own start-up lines: the one line below says what runs where
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)
+
+    ray_serve.start(http_options={"host": host, "port": port})
+    app = build(rebuilt.recipe, rebuilt.model.get_weights(), [working_dir], rebuilt.model, settings)
+    handle = ray_serve.run(app, name=settings.name, route_prefix="/", blocking=False)
+    url = f"http://{host}:{port}/v2/models/{settings.name}"
+    printer(verbose)(
+        f"rayparallel serve: {url} ({settings.slots} slots x {_plural(settings.num_replicas, 'replica')}, idle timeout "
+        f"{settings.idle_timeout_s:g} s); weights {rebuilt.weights} ({rebuilt.why})"
+    )
+    return Served(url, settings.name, str(rebuilt.weights), rebuilt.why, settings.slots, settings.num_replicas, handle)
+
+
+def stay_up(name: str) -> None:
+    """Until Ctrl-C (or SIGTERM): then the application is deleted, and the caller exits 130."""
+    from ray import serve as ray_serve
+
+    try:
+        while True:
+            time.sleep(1.0)
+    finally:
+        ray_serve.delete(name)
+
+
+def _settings(
+    job: Any, name: str | None, replicas: int, slots: int | None, idle: float, wait: float, use_gpu: bool | None
+) -> ServeSettings:
+    for key, value, low in (("--replicas", replicas, 1), ("--slots", slots, 1)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
+            raise RayParallelError(f"{key}: expected a positive integer, received {value!r}")
+    for key, value in (("--idle-timeout-s", idle), ("--slot-wait-s", wait)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise RayParallelError(f"{key}: expected a number of seconds (0 or more), received {value!r}")
+    use_gpu = job.scaling.use_gpu if use_gpu is None else use_gpu
+    cpus = job.scaling.resources_per_worker.get("CPU", 1)
+    model_name = name or job.name
+    if not model_name or "/" in model_name:
+        raise RayParallelError(f"--name: expected a name without '/' for the URL, received {model_name!r}")
+    slots = slots or job.train.global_batch_size
+    return ServeSettings(model_name, "1", replicas, slots, float(idle), float(wait), bool(use_gpu), cpus)
+
+
+def _check_address(host: str, port: int) -> None:
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise RayParallelError(f"--port: expected a port number (1-65535), received {port!r}")
+    if not isinstance(host, str) or not host:
+        raise RayParallelError(f"--host: expected an address to listen on, received {host!r}")
+
+
+def _check_model(model: Any) -> None:
+    from .slot_model import SlotModel
+
+    try:
+        SlotModel(model)
+    except ValueError as exc:
+        raise RayParallelError(str(exc)) from None
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"

@@ -1,0 +1,133 @@
+"""`rayparallel serve` on a real Ray Serve over loopback HTTP, through Triton's own Python client: live streams
+answered as the batch-1 loop answers them, each stream kept on one replica, the idle timeout, and a corpus
+of bad requests answered in one line while the server goes on serving."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from .helpers import cli, free_port
+
+pytestmark = pytest.mark.slow
+
+NAME = "stateful-lstm-co2"
+IDLE_S = 10.0  # longer than any stream's gap between windows here, even on a busy machine
+
+
+@pytest.fixture(scope="module")
+def server(default_job_runs, ray_address):
+    """The default job's trained weights served by the command as a user types it (`--detach`: the test
+    session's Ray keeps it), 2 replicas of 8 slots; deleted with Ray Serve at the end."""
+    from ray import serve
+
+    port = free_port()
+    runs = default_job_runs
+    args = ["--weights", "runs/stateful-lstm-co2/checkpoints", "--replicas", "2", "--slots", "8"]
+    args += ["--idle-timeout-s", str(IDLE_S), "--port", str(port), "--detach"]
+    run = cli("serve", "jobs/stateful_lstm.yaml", *args, env=runs.env, cwd=runs.cwd)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    assert f"http://127.0.0.1:{port}/v2/models/{NAME}" in run.stdout and "8 slots x 2 replicas" in run.stdout
+    try:
+        yield f"127.0.0.1:{port}", runs.results[2]["final_weights"]
+    finally:
+        serve.shutdown()
+
+
+def client(url: str):
+    import tritonclient.http as triton
+
+    return triton.InferenceServerClient(url)
+
+
+def infer(triton_client, window: np.ndarray, stream, start=False, end=False):
+    import tritonclient.http as triton
+
+    tensor = triton.InferInput("co2_features", [1, *window.shape], "FP32")
+    tensor.set_data_from_numpy(window[None].astype("float32"))  # binary, as tritonclient sends by default
+    result = triton_client.infer(NAME, [tensor], sequence_id=stream, sequence_start=start, sequence_end=end)
+    return result.as_numpy("change")[0], result.get_response()["parameters"]["rayparallel_replica"]
+
+
+def batch_1_loop(weights_file: str, windows: list[np.ndarray]) -> np.ndarray:
+    import rayparallel
+
+    model = rayparallel.load_model(weights_file, batch_size=1)
+    return np.array([model.predict_on_batch(w[None])[0] for w in windows])
+
+
+def test_live_streams_equal_the_batch_1_loop_and_stay_on_their_replica(server):
+    """8 streams, each round's windows in a random order with random idle gaps; stream 3 ends and starts again
+    half-way."""
+    url, weights = server
+    triton_client = client(url)
+    assert triton_client.is_server_live() and triton_client.is_model_ready(NAME)
+    metadata = triton_client.get_model_metadata(NAME)
+    assert metadata["inputs"] == [{"name": "co2_features", "datatype": "FP32", "shape": [-1, 8, 2]}]
+    rng = np.random.default_rng(11)
+    streams = {i: list(rng.normal(size=(5, 8, 2)).astype("float32")) for i in range(1, 9)}
+    order = [int(i) for _ in range(5) for i in rng.permutation(list(streams))]  # every stream once a round
+    sent, answers, replicas = dict.fromkeys(streams, 0), {i: [] for i in streams}, {i: set() for i in streams}
+    for i in order:
+        t = sent[i]
+        restarted = i == 3  # ends after its third window and starts again with its fourth
+        start = t in (0, 3) if restarted else t == 0
+        end = t in (2, 4) if restarted else t == 4
+        change, replica = infer(triton_client, streams[i][t], i, start=start, end=end)
+        answers[i].append(change)
+        replicas[i].add(replica)
+        sent[i] += 1
+        time.sleep(float(rng.uniform(0, 0.2)))
+    for i, windows in streams.items():
+        segments = [windows[:3], windows[3:]] if i == 3 else [windows]
+        expected = np.concatenate([batch_1_loop(weights, segment) for segment in segments])
+        assert np.abs(np.array(answers[i]) - expected).max() < 1e-5, i
+        assert len(replicas[i]) == 1, (i, replicas[i])  # every window on the replica that holds the stream
+
+
+def post(url: str, body: bytes, path: str = f"/v2/models/{NAME}/infer") -> tuple[int, dict]:
+    request = urllib.request.Request(f"http://{url}{path}", data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_an_idle_stream_is_freed_and_bad_requests_are_one_line_while_serving_goes_on(server):
+    url, weights = server
+    triton_client = client(url)
+    window = np.zeros((8, 2), "float32")
+    infer(triton_client, window, "idle", start=True)
+    time.sleep(IDLE_S + 1.0)
+    code, body = post(url, json.dumps(request_json(window, sequence_id="idle")).encode())
+    assert code == 400 and body["error"].startswith("sequence_start: expected true on the first window")
+    corpus = [
+        (b"{not json", 400, "body: expected a JSON inference request"),
+        (json.dumps(request_json(window)).encode(), 400, "sequence_id: expected"),
+        (json.dumps(request_json(window[:4], sequence_id=5)).encode(), 400, "inputs['co2_features'].shape"),
+        (json.dumps(request_json(window, sequence_id=5)).replace("FP32", "INT64").encode(), 400, "inputs['co2_"),
+        (json.dumps(request_json(window, sequence_id=6)).encode(), 400, "sequence_start: expected true"),
+    ]
+    for body_bytes, status, start in corpus:
+        code, body = post(url, body_bytes)
+        assert (code, body["error"][: len(start)]) == (status, start), body
+    code, body = post(url, b"{}", path="/v2/models/unknown/infer")
+    assert code == 404 and body["error"] == f"model: expected {NAME!r}, received 'unknown'"
+    nan = window.copy()
+    nan[0, 0] = np.nan  # answered, not refused: the model decides what a NaN gives
+    assert np.isnan(infer(triton_client, nan, "nan", start=True, end=True)[0]).any()
+    windows = list(np.random.default_rng(3).normal(size=(4, 8, 2)).astype("float32"))
+    answers = [infer(triton_client, w, "after", start=t == 0, end=t == 3)[0] for t, w in enumerate(windows)]
+    assert np.abs(np.array(answers) - batch_1_loop(weights, windows)).max() < 1e-5
+
+
+def request_json(window: np.ndarray, **parameters) -> dict:
+    shape = [1, *window.shape]
+    tensor = {"name": "co2_features", "shape": shape, "datatype": "FP32", "data": window.ravel().tolist()}
+    return {"inputs": [tensor], "parameters": parameters}

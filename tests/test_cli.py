@@ -11,8 +11,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_default_job_on_2_workers_trains_fits_model_and_beats_naive(default_job_runs):
-    """The README's default job (Adam: its history is compared, its weights printed) against plain
-    Keras `fit` of the same job in this process."""
+    """The README's default job against plain Keras `fit` of the same job in this process: its history (Adam),
+    and its weights within 1e-4 (2.8e-7 measured: this LSTM does not amplify Adam's round-off as some nets do)."""
     runs = default_job_runs
     stdout, stderr = runs.stdout[2], runs.stderr[2]
     assert "Epoch 3/3" in stdout and "samples/s" in stdout
@@ -25,6 +25,7 @@ def test_default_job_on_2_workers_trains_fits_model_and_beats_naive(default_job_
     result = runs.results[2]
     error = max_relative_error(runs.weights(result["final_weights"]), model.get_weights())
     print(f"default job: 2 workers vs Keras fit after 3 epochs, max relative weight error {error:.2e}")
+    assert error < 1e-4
     for key, values in history.items():
         assert [epoch[key] for epoch in result["history"]] == pytest.approx(values, rel=1e-4, abs=1e-6), key
     assert {"loss", "val_loss", "mae", "val_mae"} <= set(result["history"][-1])

@@ -104,7 +104,7 @@ class MlflowServer:
         )
         self._wait_healthy()
 
-    def _wait_healthy(self, timeout: float = 90) -> None:
+    def _wait_healthy(self, timeout: float = 240) -> None:  # about 15 s alone; 110 s seen beside other work
         import time
         import urllib.request
 

@@ -144,7 +144,8 @@ def sum_shared_slices(optimizer: keras.optimizers.Optimizer) -> None:
     concatenates them, so each row would appear once per worker. The update (a scatter-add) is the same, but
     Keras' `global_clipnorm` and `clipnorm` norm the slices' values as they are, duplicates apart: the norm
     would no longer be the one `fit` computes, and the clip scales another gradient. These values are summed
-    instead (one dense all-reduce of the same shape on every worker), which is the gradient one process has.
+    instead (dense, of the same shape on every worker, packed into the one all-reduce of the other gradients),
+    which is the gradient one process has.
     Slices looked up at the batch's rows (a token embedding) stay gathered: one process has one row per token
     of the batch, duplicates unmerged, and so does the concatenation.
     """

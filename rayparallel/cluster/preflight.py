@@ -103,7 +103,7 @@ def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
     val = outputs.first_rows((data.val_features, y_val), rows) if y_val is not None else None
     first = outputs.first_rows(own_step.packed(data.features, y_train, data.weights), rows)
     train_keys, val_keys = own_step.trial_step(model, first, val, own)
-    notes = last_batch(spec, model, data, own)
+    notes = last_batch(spec, model, data, own + own_step.overridden(model, own_step.OWN_LOSS))
     check_accumulation(spec, data.steps)
     scale = [LOSS_SCALE] if spec.train.loss_scale else []
     keys = train_keys + list(THROUGHPUT) + scale + val_keys
@@ -187,7 +187,7 @@ def last_batch(spec: JobSpec, model: keras.Model, data: _Opened, own: list[str])
             f"{global_batch}: the model's batch is fixed ({fixed}), so fit cannot take them either"
         ]
     uneven = [r for r in rest if r % world]
-    if own and uneven:  # its own means over rows are per worker: exact only on equal shares
+    if own and uneven:  # its own step's (or compute_loss') means over rows are per worker: exact on equal shares
         raise DataError(
             f"data.loader: expected rows that leave a last batch divisible by the {world} workers for a model with "
             f"its own {', '.join(own)} (its means are per worker), received a last batch of {uneven[0]} rows "

@@ -33,7 +33,10 @@ class Served:
     why: str
     slots: int
     replicas: int
-    handle: DeploymentHandle  # the ingress: `handle.remote(...)` is a request as HTTP gives it
+    # Ray Serve's handle of the application's HTTP ingress; callers inside Ray reach the stream replicas with
+    # `ray.serve.get_deployment_handle(f"{name}-streams", name).options(session_id=str(sequence_id))` and
+    # `.infer.remote(sequence_id, start, end, window)` -> (status, outputs or one line, replica id)
+    handle: DeploymentHandle
 
 
 def serve(

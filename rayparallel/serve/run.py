@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..cluster.stall import warned_while
 from ..console import printer
 from ..errors import RayParallelError
 from ..spec import SpecSource, load_spec
@@ -84,7 +85,9 @@ def serve(
 
     ray_serve.start(http_options={"host": host, "port": port})
     app = build(rebuilt.recipe, rebuilt.model.get_weights(), [working_dir], rebuilt.model, settings)
-    handle = ray_serve.run(app, name=settings.name, route_prefix="/", blocking=False)
+    waiting = "Ray Serve is starting the replicas (each imports TensorFlow and builds the model) or waits for CPUs"
+    with warned_while(waiting, job.run.stall_warning_s, printer(verbose)):  # as predict says what its workers wait for
+        handle = ray_serve.run(app, name=settings.name, route_prefix="/", blocking=False)
     url = f"http://{host}:{port}/v2/models/{settings.name}"
     printer(verbose)(
         f"rayparallel serve: {url} ({settings.slots} slots x {_plural(settings.num_replicas, 'replica')}, idle timeout "

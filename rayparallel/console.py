@@ -21,3 +21,8 @@ def interrupted(command: str, output_dir: Path, what: str = "") -> str:
     """The line an interrupted run or sweep ends with: how to continue it."""
     done = f"interrupted; {what}; " if what else "interrupted; "
     return f"\nrayparallel: {done}{continue_with(command, output_dir)}"
+
+
+def plural(count: int, word: str) -> str:
+    """`2 workers`, `1 replica`: a count and its word, in the driver's lines."""
+    return f"{count} {word}{'' if count == 1 else 's'}"

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ..cluster.connect import task_options
 from ..cluster.run import ray_session
 from ..cluster.stall import warned_while
-from ..console import Say, printer
+from ..console import Say, plural, printer
 from ..errors import RayParallelError
 from ..spec import SpecSource, load_spec
 from ..spec.references import reference_name
@@ -124,7 +124,7 @@ def _finished(job: JobSpec, result: PredictResult, seconds: float, source_name: 
     _record(job, result, Path(result.out), source_name, say)
     say(
         f"predicted {result.rows} rows in {seconds:.1f} s ({result.rows_per_s:g} rows/s) on "
-        f"{_plural(result.workers, 'worker')} to {result.out}"
+        f"{plural(result.workers, 'worker')} to {result.out}"
     )
     return result
 
@@ -182,17 +182,13 @@ def _batch_size(job: JobSpec, rows: Rows, workers: int) -> int:
 
 def _described(rows: Rows, workers: int, batch: int) -> str:
     if rows.streams:
-        return f"{rows.streams} streams on {_plural(workers, 'worker')}, {batch} at a time"
+        return f"{rows.streams} streams on {plural(workers, 'worker')}, {batch} at a time"
     counted = f"{rows.count} rows" if rows.count is not None else "rows"
-    return f"{counted} through {_plural(workers, 'replica')}, {batch} a step"
+    return f"{counted} through {plural(workers, 'replica')}, {batch} a step"
 
 
 def _weights_line(rebuilt: Rebuilt) -> str:
     return f"weights {rebuilt.weights} ({rebuilt.why})"
-
-
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}{'' if count == 1 else 's'}"
 
 
 def _stream_tables(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..cluster.stall import warned_while
-from ..console import printer
+from ..console import plural, printer
 from ..errors import RayParallelError
 from ..spec import SpecSource, load_spec
 from .app import ServeSettings, build
@@ -90,7 +90,7 @@ def serve(
         handle = ray_serve.run(app, name=settings.name, route_prefix="/", blocking=False)
     url = f"http://{host}:{port}/v2/models/{settings.name}"
     printer(verbose)(
-        f"rayparallel serve: {url} ({settings.slots} slots x {_plural(settings.num_replicas, 'replica')}, idle timeout "
+        f"rayparallel serve: {url} ({settings.slots} slots x {plural(settings.num_replicas, 'replica')}, idle timeout "
         f"{settings.idle_timeout_s:g} s); weights {rebuilt.weights} ({rebuilt.why})"
     )
     return Served(url, settings.name, str(rebuilt.weights), rebuilt.why, settings.slots, settings.num_replicas, handle)
@@ -139,7 +139,3 @@ def _check_model(model: Any) -> None:
         SlotModel(model)
     except ValueError as exc:
         raise RayParallelError(str(exc)) from None
-
-
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}{'' if count == 1 else 's'}"

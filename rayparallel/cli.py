@@ -134,6 +134,12 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--idle-timeout-s", type=float, default=60.0, help="a stream idle this long is freed (60)")
     serve.add_argument("--slot-wait-s", type=float, default=5.0, help="how long a start waits for a slot, then 503 (5)")
     serve.add_argument("--use-gpu", action="store_true", default=None, help="one GPU per replica")
+    serve.add_argument(
+        "--keep-states",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep each stream's state outside the replicas, so a replica's death loses none (default: on)",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
     serve.add_argument("--detach", action="store_true", help="leave it running on the cluster in RAY_ADDRESS")
@@ -289,6 +295,7 @@ def _serve(args: argparse.Namespace) -> int:
         idle_timeout_s=args.idle_timeout_s,
         slot_wait_s=args.slot_wait_s,
         use_gpu=args.use_gpu,
+        keep_states=args.keep_states,
         host=args.host,
         port=args.port,
         overrides=args.overrides,

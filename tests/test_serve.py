@@ -1,10 +1,14 @@
 """`rayparallel serve` on a real Ray Serve over loopback HTTP, through Triton's own Python client: live streams
-answered as the batch-1 loop answers them, each stream kept on one replica, the idle timeout, and a corpus
-of bad requests answered in one line while the server goes on serving."""
+answered as the batch-1 loop answers them, each stream kept on one replica, the idle timeout, a corpus of bad
+requests answered in one line while the server goes on serving, and (last: the server is one replica short for a
+while after it) a replica killed mid-stream."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -131,3 +135,51 @@ def request_json(window: np.ndarray, **parameters) -> dict:
     shape = [1, *window.shape]
     tensor = {"name": "co2_features", "shape": shape, "datatype": "FP32", "data": window.ravel().tolist()}
     return {"inputs": [tensor], "parameters": parameters}
+
+
+def replica_pid(unique_id: str) -> int:
+    """The process of the stream replica whose id answers name (`rayparallel_replica`), found by its actor name."""
+    import ray
+
+    (name,) = [
+        actor["name"]
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if actor["name"].startswith("SERVE_REPLICA::") and actor["name"].endswith(f"#{unique_id}")
+    ]
+    replica = ray.get_actor(name, namespace="serve")  # Ray Serve's own namespace
+    return ray.get(replica.__ray_call__.remote(lambda _: os.getpid()))
+
+
+def test_a_replica_killed_mid_stream_loses_no_stream_and_applies_each_window_once(server):
+    """8 streams in threads (as many as one replica's slots: the survivor holds them all); the replica of stream 1
+    is killed with SIGKILL after every stream's third window. Every window is answered, and each stream's
+    answers equal the uninterrupted batch-1 loop: its moved streams go on from their last answered window."""
+    url, weights = server
+    rng = np.random.default_rng(21)
+    streams = {i: list(rng.normal(size=(10, 8, 2)).astype("float32")) for i in range(101, 109)}
+    answers, replicas = {i: [] for i in streams}, {i: [] for i in streams}
+    third = threading.Barrier(len(streams) + 1)
+
+    def send(i: int) -> None:
+        triton_client = client(url)
+        for t, window in enumerate(streams[i]):
+            change, replica = infer(triton_client, window, i, start=t == 0, end=t == 9)
+            answers[i].append(change)
+            replicas[i].append(replica)
+            if t == 2:
+                third.wait(timeout=120)
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in streams]
+    for thread in threads:
+        thread.start()
+    third.wait(timeout=120)
+    victim = replicas[101][-1]
+    os.kill(replica_pid(victim), signal.SIGKILL)  # while the streams keep sending: some windows are in flight
+    for thread in threads:
+        thread.join(timeout=300)
+    moved = [i for i in streams if replicas[i][0] == victim]
+    assert all(replicas[i][-1] != victim for i in moved) and 101 in moved
+    for i, windows in streams.items():
+        assert len(answers[i]) == len(windows), (i, len(answers[i]))  # a failed window ends its thread early
+        assert np.abs(np.array(answers[i]) - batch_1_loop(weights, windows)).max() < 1e-5, i

@@ -98,7 +98,7 @@ def test_a_stream_moved_to_another_replica_goes_on_from_its_state():
     second.model.set_weights(first.model.get_weights())
     first.start(1)
     answers = [first.step({1: w})[1]["change"] for w in windows[:3]]
-    second.restore(2, first.state_of(1))
+    second.restore(2, first.states_of([1])[1])
     answers += [second.step({2: w})[2]["change"] for w in windows[3:]]
     assert np.abs(np.array(answers) - batch_1_loop(first.model.get_weights(), windows)).max() < 1e-5
 

@@ -3,32 +3,43 @@
 The ingress parses and checks every request (a bad one is answered here, in one line, and never reaches
 a replica), then calls the replicas' deployment handle with the stream's id as Ray Serve's session id:
 the deployment's consistent-hash request router (`app.build`) sends every window of a stream to the
-replica that holds its slot.
+replica that holds its slot. A replica that dies with the window in flight is told apart from a failing
+model (Ray's actor errors): with the states kept, the window is sent again under the same token, so it
+is applied once (`kept_states`), and Ray Serve's router sends it to the stream's next replica.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import uuid
 from typing import TYPE_CHECKING, Any
 
-from .protocol import ProtocolError, TensorSpec, infer_response, parse_infer
+from .protocol import InferRequest, ProtocolError, TensorSpec, infer_response, parse_infer
 
 if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle
     from starlette.requests import Request
 
 INFER = re.compile(r"/v2/models/(?P<name>[^/]+)(/versions/(?P<version>[^/]+))?/infer")
+FAILOVER_S = 120.0  # how long a window waits for its stream's next replica after a death (a TensorFlow import)
 
 
 class KServeIngress:
     """A Ray Serve deployment (`app.build` makes it one) answering `/v2/...` for one model."""
 
     def __init__(
-        self, replicas: DeploymentHandle, name: str, version: str, model_input: TensorSpec, outputs: list[TensorSpec]
+        self,
+        replicas: DeploymentHandle,
+        name: str,
+        version: str,
+        model_input: TensorSpec,
+        outputs: list[TensorSpec],
+        keep_states: bool = True,
     ):
         self.replicas, self.name, self.version = replicas, name, version
-        self.model_input, self.outputs = model_input, outputs
+        self.model_input, self.outputs, self.keep_states = model_input, outputs, keep_states
 
     async def __call__(self, request: Request) -> Any:
         from starlette.responses import Response
@@ -59,13 +70,31 @@ class KServeIngress:
         length = request.headers.get("inference-header-content-length")
         header_length = int(length) if length and length.isdigit() else None
         parsed = parse_infer(await request.body(), header_length, self.model_input)
-        handle = self.replicas.options(session_id=str(parsed.sequence_id))
-        status, result, replica = await handle.infer.remote(parsed.sequence_id, parsed.start, parsed.end, parsed.window)
+        status, result, replica = await self._on_replica(parsed)
         if status != 200:
             raise ProtocolError(status, result)
         answer = infer_response(self.name, self.version, parsed, result, self.outputs)
         answer["parameters"]["rayparallel_replica"] = replica  # the replica that holds the stream's slot
         return 200, answer
+
+    async def _on_replica(self, parsed: InferRequest) -> tuple[int, Any, str]:
+        """The stream's replica's answer; after a replica's death, its next replica's (states kept)."""
+        from ray.exceptions import ActorUnavailableError, RayActorError
+
+        handle = self.replicas.options(session_id=str(parsed.sequence_id))
+        token = uuid.uuid4().hex  # the same on every retry: the keeper applies the window once
+        deadline = asyncio.get_running_loop().time() + FAILOVER_S
+        while True:
+            try:
+                return await handle.infer.remote(parsed.sequence_id, parsed.start, parsed.end, parsed.window, token)
+            except (RayActorError, ActorUnavailableError) as exc:
+                if not self.keep_states or asyncio.get_running_loop().time() > deadline:
+                    kept = f"no replica took it over within {FAILOVER_S:g} s" if self.keep_states else "states not kept"
+                    raise ProtocolError(
+                        503,
+                        f"replica: expected the stream's replica to answer, received its death ({kept}; {type(exc).__name__})",
+                    ) from None
+                await asyncio.sleep(0.2)
 
     def metadata(self) -> dict:
         """`GET /v2/models/{name}`: the model's inputs and outputs, per window (a leading -1: the rows)."""

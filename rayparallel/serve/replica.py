@@ -6,6 +6,12 @@ its own (so HTTP stays served), and answers them. A stream's windows are therefo
 it sent them, one per step, and no other slot's state moves (`SlotModel`). A slot's state starts from
 zero at the step of the window that started the stream, and the slot is freed once its last window
 (`sequence_end`) is answered.
+
+With a keeper (`kept_states`), the step's states are committed there before any of its windows is
+answered, and a window of a stream this replica does not hold is continued from the kept state: the
+stream's replica died, or the ring moved it here. The keeper's verdict decides each answer: kept (the
+step's), duplicate (a retry of an answered window: the kept answer, and the slot put back to the kept
+state) or stale (this slot was behind: the kept state put in, and the window stepped again).
 """
 
 from __future__ import annotations
@@ -20,9 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .kept_states import Commit, Kept, Verdict
 from .slots import NotStarted, SlotsFull, SlotTable
 
 if TYPE_CHECKING:
+    from ray.serve.handle import DeploymentHandle
+
     from ..spec import ModelSpec
 
 logger = logging.getLogger("ray.serve")
@@ -30,10 +39,12 @@ logger = logging.getLogger("ray.serve")
 
 @dataclass
 class Waiting:
+    stream: Hashable
     slot: int
     window: np.ndarray
     start: bool
     end: bool
+    token: str  # the ingress's id of the request, the same on its retries (`kept_states`)
     answer: asyncio.Future
 
 
@@ -48,36 +59,53 @@ class StreamReplica:
         slots: int,
         idle_timeout_s: float,
         slot_wait_s: float,
+        keeper: DeploymentHandle | None = None,
     ):
         from ..inference.batches import built_model
         from .slot_model import SlotModel
 
         self.model = SlotModel(built_model(recipe, weights, search_path, slots))
         self.table = SlotTable(slots, idle_timeout_s)
-        self.slot_wait_s = slot_wait_s
+        self.slot_wait_s, self.keeper = slot_wait_s, keeper
         self.waiting: dict[Hashable, deque[Waiting]] = {}
+        self.windows: dict[Hashable, int] = {}  # each held stream's answered windows, as the keeper counts them
+        self.restores: dict[int, list[np.ndarray]] = {}  # state rows to put into a slot before its next step
         self.stepper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rayparallel-step")
         self.wake: asyncio.Event | None = None
         self.replica = _replica_id()
         logger.info(f"rayparallel serve: replica up with {slots} slots, idle timeout {idle_timeout_s:g} s")
 
-    async def infer(self, stream: Hashable, start: bool, end: bool, window: np.ndarray) -> tuple[int, Any, str]:
+    async def infer(
+        self, stream: Hashable, start: bool, end: bool, window: np.ndarray, token: str = ""
+    ) -> tuple[int, Any, str]:
         """(200, the outputs by name, this replica's id), or (status, one line, id): 400 for a stream that
         holds no slot, 503 when every slot stayed taken for `slot_wait_s`."""
         if self.wake is None:  # the loop lives in the replica's event loop, started with its first request
             self.wake = asyncio.Event()
             asyncio.get_running_loop().create_task(self._steps())
         try:
-            slot = await self._slot(stream, start)
+            kept = None if start or stream in self.table.held() else await self._recall(stream, token)
+            if kept is not None and kept.token == token:  # a retry of a window answered before its replica died
+                return 200, kept.answer, self.replica
+            slot = await self._slot(stream, start or kept is not None)
+            if kept is not None:
+                self.restores[slot], self.windows[stream] = kept.state, kept.windows
+            answer = asyncio.get_running_loop().create_future()
+            self.waiting.setdefault(stream, deque()).append(Waiting(stream, slot, window, start, end, token, answer))
+            self.wake.set()
+            return 200, await answer, self.replica
         except NotStarted as exc:
             return 400, str(exc), self.replica
         except SlotsFull as exc:
             wanted = f"a free slot within {self.slot_wait_s:g} s"
             return 503, f"sequence_start: expected {wanted}, received none ({exc} of this replica)", self.replica
-        answer = asyncio.get_running_loop().create_future()
-        self.waiting.setdefault(stream, deque()).append(Waiting(slot, window, start, end, answer))
-        self.wake.set()
-        return 200, await answer, self.replica
+
+    async def _recall(self, stream: Hashable, token: str) -> Kept | None:
+        """The keeper's state of a stream this replica does not hold; NotStarted if there is none to go on from."""
+        kept = None if self.keeper is None else await self.keeper.recall.remote(stream)
+        if kept is None or (kept.ended and kept.token != token):
+            raise self.table.not_started(stream)
+        return kept
 
     async def _slot(self, stream: Hashable, start: bool) -> int:
         deadline = asyncio.get_running_loop().time() + self.slot_wait_s
@@ -95,26 +123,61 @@ class StreamReplica:
             await self.wake.wait()
             self.wake.clear()
             while self.waiting:
-                heads = {stream: queue.popleft() for stream, queue in self.waiting.items()}
+                heads = [queue.popleft() for queue in self.waiting.values()]
                 self.waiting = {stream: queue for stream, queue in self.waiting.items() if queue}
                 try:
-                    outputs = await loop.run_in_executor(self.stepper, self._step, list(heads.values()))
-                except Exception as exc:  # the model failed: every window of the step hears why
-                    for head in heads.values():
+                    outputs, states = await loop.run_in_executor(self.stepper, self._step, heads)
+                    verdicts = await self._commit(heads, outputs, states)
+                except Exception as exc:  # the model or the keeper failed: every window of the step hears why
+                    for head in heads:
                         head.answer.set_exception(exc)
                     continue
-                for stream, head in heads.items():
-                    head.answer.set_result(outputs[head.slot])
-                    if head.end:
-                        self.table.end(stream)
+                for head, verdict in zip(heads, verdicts, strict=True):
+                    self._settle(head, outputs[head.slot], *verdict)
             for stream in self.table.expire():
+                self.windows.pop(stream, None)
                 logger.info(f"rayparallel serve: sequence {stream!r} idle past {self.table.idle_timeout_s:g} s, freed")
 
-    def _step(self, heads: list[Waiting]) -> dict[int, dict[str, np.ndarray]]:
+    def _step(self, heads: list[Waiting]) -> tuple[dict[int, dict[str, np.ndarray]], dict[int, list[np.ndarray]]]:
+        for slot in list(self.restores):  # popped one by one: a request may add one meanwhile
+            self.model.restore(slot, self.restores.pop(slot))
         for head in heads:
             if head.start:
                 self.model.start(head.slot)
-        return self.model.step({head.slot: head.window for head in heads})
+        outputs = self.model.step({head.slot: head.window for head in heads})
+        return outputs, self.model.states_of([head.slot for head in heads]) if self.keeper else {}
+
+    async def _commit(self, heads: list[Waiting], outputs: dict, states: dict) -> list[tuple[Verdict, Kept | None]]:
+        if self.keeper is None:
+            return [("kept", None)] * len(heads)
+        commits = []
+        for head in heads:
+            after = 0 if head.start else self.windows.get(head.stream, 0)
+            commits.append(
+                Commit(head.stream, head.token, after, head.start, head.end, outputs[head.slot], states[head.slot])
+            )
+        return await self.keeper.commit.remote(commits)
+
+    def _settle(self, head: Waiting, outputs: dict[str, np.ndarray], verdict: Verdict, kept: Kept | None) -> None:
+        if verdict == "stale" and (kept is None or kept.ended):  # ended or idle elsewhere meanwhile
+            self._free(head.stream)
+            head.answer.set_exception(self.table.not_started(head.stream))
+            return
+        if kept is not None:
+            self.windows[head.stream] = kept.windows
+        if verdict == "stale":  # this slot was behind the stream: its kept state, and the window again
+            self.restores[head.slot] = kept.state
+            self.waiting.setdefault(head.stream, deque()).appendleft(head)
+            return
+        if verdict == "duplicate":  # a retry: the slot back to the state the kept answer left
+            self.restores[head.slot], outputs = kept.state, kept.answer
+        head.answer.set_result(outputs)
+        if head.end:
+            self._free(head.stream)
+
+    def _free(self, stream: Hashable) -> None:
+        self.table.end(stream)
+        self.windows.pop(stream, None)
 
 
 def _replica_id() -> str:

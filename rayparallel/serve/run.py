@@ -50,6 +50,7 @@ def serve(
     idle_timeout_s: float = 60.0,
     slot_wait_s: float = 5.0,
     use_gpu: bool | None = None,
+    keep_states: bool = True,
     host: str = "127.0.0.1",
     port: int = 8000,
     overrides: Iterable[str] = (),
@@ -61,7 +62,9 @@ def serve(
 
     Each of `replicas` holds `slots` streams (default the job's global batch: the model is built for it);
     a stream takes a slot at `sequence_start`, frees it at `sequence_end` or after `idle_timeout_s`, and
-    its answers are what the batch-1 loop over its windows gives. The application stays up while Ray
+    its answers are what the batch-1 loop over its windows gives. With `keep_states` each step's states
+    are kept outside the replicas before they answer, so a replica's death loses no stream (its windows
+    go on on another replica, a window in flight applied once). The application stays up while Ray
     does (`ray.serve.delete(name)` ends it; the command line ends it at Ctrl-C).
 
     >>> served = rayparallel.serve("jobs/stateful_lstm.yaml", weights="runs/stateful-lstm-co2/checkpoints")  # doctest: +SKIP
@@ -72,7 +75,7 @@ def serve(
     from ..inference.run import rebuilt_for
 
     job = load_spec(spec, list(overrides))
-    settings = _settings(job, name, replicas, slots, idle_timeout_s, slot_wait_s, use_gpu)
+    settings = _settings(job, name, replicas, slots, idle_timeout_s, slot_wait_s, use_gpu, keep_states)
     _check_address(host, port)
     rebuilt = rebuilt_for(job, weights, unlisted, batch_size=settings.slots)
     _check_model(rebuilt.model)
@@ -91,7 +94,7 @@ def serve(
     url = f"http://{host}:{port}/v2/models/{settings.name}"
     printer(verbose)(
         f"rayparallel serve: {url} ({settings.slots} slots x {plural(settings.num_replicas, 'replica')}, idle timeout "
-        f"{settings.idle_timeout_s:g} s); weights {rebuilt.weights} ({rebuilt.why})"
+        f"{settings.idle_timeout_s:g} s, states {'kept' if settings.keep_states else 'not kept'}); weights {rebuilt.weights} ({rebuilt.why})"
     )
     return Served(url, settings.name, str(rebuilt.weights), rebuilt.why, settings.slots, settings.num_replicas, handle)
 
@@ -108,7 +111,14 @@ def stay_up(name: str) -> None:
 
 
 def _settings(
-    job: Any, name: str | None, replicas: int, slots: int | None, idle: float, wait: float, use_gpu: bool | None
+    job: Any,
+    name: str | None,
+    replicas: int,
+    slots: int | None,
+    idle: float,
+    wait: float,
+    use_gpu: bool | None,
+    keep_states: bool,
 ) -> ServeSettings:
     for key, value, low in (("--replicas", replicas, 1), ("--slots", slots, 1)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
@@ -122,7 +132,9 @@ def _settings(
     if not model_name or "/" in model_name:
         raise RayParallelError(f"--name: expected a name without '/' for the URL, received {model_name!r}")
     slots = slots or job.train.global_batch_size
-    return ServeSettings(model_name, "1", replicas, slots, float(idle), float(wait), bool(use_gpu), cpus)
+    if not isinstance(keep_states, bool):
+        raise RayParallelError(f"keep_states: expected True or False, received {keep_states!r}")
+    return ServeSettings(model_name, "1", replicas, slots, float(idle), float(wait), bool(use_gpu), cpus, keep_states)
 
 
 def _check_address(host: str, port: int) -> None:

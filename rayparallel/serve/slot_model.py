@@ -55,12 +55,13 @@ class SlotModel:
             variable.assign(np.where(keep, np.asarray(variable.numpy()), old))
         return {slot: {name: values[slot] for name, values in outputs.items()} for slot in windows}
 
-    def state_of(self, slot: int) -> list[np.ndarray]:
-        """The slot's state rows, layer by layer (what a stream carries if it moves to another replica)."""
-        return [np.asarray(variable.numpy())[slot].copy() for variable in self.states]
+    def states_of(self, slots: list[int]) -> dict[int, list[np.ndarray]]:
+        """Each slot's state rows, layer by layer (what a stream carries if it moves to another replica)."""
+        values = [np.asarray(variable.numpy()) for variable in self.states]
+        return {slot: [rows[slot].copy() for rows in values] for slot in slots}
 
     def restore(self, slot: int, rows: list[np.ndarray]) -> None:
-        """A stream's state rows (`state_of` of another replica's slot) put into `slot`."""
+        """A stream's state rows (`states_of` of another replica's slot) put into `slot`."""
         for variable, row in zip(self.states, rows, strict=True):
             values = np.asarray(variable.numpy())
             values[slot] = row

@@ -51,15 +51,19 @@ class SlotTable:
             del self._held[stream]
             held = None
         if held is None and not start:
-            raise NotStarted(
-                f"sequence_start: expected true on the first window of sequence {stream!r} (it holds no slot: "
-                f"never started, ended, or idle past {self.idle_timeout_s:g} s), received false"
-            )
+            raise self.not_started(stream)
         if held is None:
             held = Held(self._free_slot(now), now)
             self._held[stream] = held
         held.last_seen = now
         return held.slot, start
+
+    def not_started(self, stream: Hashable) -> NotStarted:
+        """The refusal of a window of `stream`, which holds no slot and does not start one."""
+        return NotStarted(
+            f"sequence_start: expected true on the first window of sequence {stream!r} (it holds no slot: "
+            f"never started, ended, or idle past {self.idle_timeout_s:g} s), received false"
+        )
 
     def end(self, stream: Hashable) -> None:
         """`sequence_end`: the stream's slot is free once its last window is answered."""

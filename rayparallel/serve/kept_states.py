@@ -1,0 +1,118 @@
+"""Every live stream's state after its last answered window, kept outside the replicas.
+
+A replica that dies takes its slots with it, and Ray Serve restarts it empty. So each replica commits
+the states of a step's streams here before it answers them, and a replica that receives a window of a
+stream it does not hold (its replica died, or the consistent-hash ring moved it) recalls the stream
+from here and goes on from its last answered window.
+
+Exactly once: every window carries a token, the ingress's id of the HTTP request, the same on each of
+its retries. A commit whose token is the stream's last answered one is a retry of a window already
+applied: the kept answer is returned and the state is not stepped twice. A commit from a replica whose
+slot is behind the kept count (the stream moved away and came back) is refused as stale: that replica
+puts the kept state in its slot and steps the window again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+Verdict = Literal["kept", "duplicate", "stale"]
+
+
+@dataclass
+class Kept:
+    """A stream as its last answered window left it."""
+
+    windows: int  # windows answered since the stream's start
+    token: str  # the last answered window's
+    answer: dict[str, np.ndarray]
+    state: list[np.ndarray]  # the slot's state rows, layer by layer (`SlotModel.states_of`)
+    ended: bool  # its last window was `sequence_end` (kept so that a retry of that window is answered)
+    seen: float  # the clock's time of the commit
+
+
+@dataclass
+class Commit:
+    """One stepped window, as a replica reports it."""
+
+    stream: Hashable
+    token: str
+    after: int  # the windows the replica's slot had taken before this one (0 for a start)
+    start: bool
+    end: bool
+    answer: dict[str, np.ndarray]
+    state: list[np.ndarray]
+
+
+class KeptStates:
+    """The keeper's bookkeeping; a stream idle past `idle_timeout_s` is forgotten, as its slot is freed."""
+
+    def __init__(self, idle_timeout_s: float, clock: Callable[[], float] = time.monotonic):
+        self.idle_timeout_s, self._clock = idle_timeout_s, clock
+        self._kept: dict[Hashable, Kept] = {}
+        self._swept = clock()
+
+    def recall(self, stream: Hashable) -> Kept | None:
+        """The stream's last answered window, or None (never started, or idle past the timeout)."""
+        self._sweep()
+        return self._live(stream)
+
+    def commit(self, commits: list[Commit]) -> list[tuple[Verdict, Kept | None]]:
+        """One verdict for each commit, with what is kept of its stream afterwards.
+
+        >>> keeper = KeptStates(idle_timeout_s=60.0, clock=lambda: 0.0)
+        >>> first = Commit("a", "t1", 0, start=True, end=False, answer={}, state=[])
+        >>> [v for v, _ in keeper.commit([first])], [v for v, _ in keeper.commit([first])]
+        (['kept'], ['duplicate'])
+        """
+        self._sweep()
+        return [self._one(commit) for commit in commits]
+
+    def _one(self, commit: Commit) -> tuple[Verdict, Kept | None]:
+        kept = self._live(commit.stream)
+        if kept is not None and kept.token == commit.token:
+            return "duplicate", kept
+        if not commit.start and (kept is None or kept.ended or kept.windows != commit.after):
+            return "stale", kept
+        windows = 1 if commit.start else kept.windows + 1
+        kept = Kept(windows, commit.token, commit.answer, commit.state, commit.end, self._clock())
+        self._kept[commit.stream] = kept
+        return "kept", kept
+
+    def _live(self, stream: Hashable) -> Kept | None:
+        kept = self._kept.get(stream)
+        if kept is not None and self._clock() - kept.seen > self.idle_timeout_s:
+            del self._kept[stream]
+            return None
+        return kept
+
+    def _sweep(self) -> None:
+        now = self._clock()
+        if now - self._swept < 1.0:  # a scan a second at most, to bound memory: `_live` decides each stream
+            return
+        self._swept = now
+        idle = [stream for stream, kept in self._kept.items() if now - kept.seen > self.idle_timeout_s]
+        for stream in idle:
+            del self._kept[stream]
+
+
+class StateKeeper:
+    """The Ray Serve deployment (one replica, `app.build`) holding `KeptStates` for every stream replica.
+
+    Its methods are coroutines without an await: Ray Serve runs them one at a time on the replica's event
+    loop, so each commit is applied whole.
+    """
+
+    def __init__(self, idle_timeout_s: float):
+        self.states = KeptStates(idle_timeout_s)
+
+    async def recall(self, stream: Hashable) -> Kept | None:
+        return self.states.recall(stream)
+
+    async def commit(self, commits: list[Commit]) -> list[tuple[Verdict, Any]]:
+        return self.states.commit(commits)

@@ -127,7 +127,8 @@ def _add_predict(commands: argparse._SubParsersAction) -> None:
 def _add_serve(commands: argparse._SubParsersAction) -> None:
     serve = commands.add_parser("serve", help="serve the job's stateful model to live streams (KServe v2, Ray Serve)")
     serve.add_argument("job", help="job YAML file")
-    serve.add_argument("--weights", required=True, help="a .weights.h5 file or a checkpoint folder (then its best)")
+    serve.add_argument("--weights", help="a .weights.h5 file or a checkpoint folder (then its best)")
+    serve.add_argument("--model", help="or a registered model: models:/NAME@ALIAS (e.g. @champion) or models:/NAME/N")
     serve.add_argument("--name", default=None, help="the model's name in /v2/models/NAME (default: the job's name)")
     serve.add_argument("--replicas", type=int, default=1, help="Ray Serve replicas (default 1)")
     serve.add_argument("--slots", type=int, default=None, help="streams a replica holds (default: the global batch)")
@@ -289,6 +290,7 @@ def _serve(args: argparse.Namespace) -> int:
     served = serve(
         args.job,
         weights=args.weights,
+        model=args.model,
         name=args.name,
         replicas=args.replicas,
         slots=args.slots,

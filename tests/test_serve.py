@@ -26,19 +26,23 @@ IDLE_S = 10.0  # longer than any stream's gap between windows here, even on a bu
 
 @pytest.fixture(scope="module")
 def server(default_job_runs, ray_address):
-    """The default job's trained weights served by the command as a user types it (`--detach`: the test
-    session's Ray keeps it), 2 replicas of 8 slots; deleted with Ray Serve at the end."""
+    """The default job's registered model (`models:/...@champion`, from the training run's MLflow registry)
+    served by the command as a user types it (`--detach`: the test session's Ray keeps it), 2 replicas of 8
+    slots; deleted with Ray Serve at the end. The answers' oracle loads the run's best checkpoint from its
+    folder, which the registry's version must be."""
     from ray import serve
 
     port = free_port()
     runs = default_job_runs
-    args = ["--weights", "runs/stateful-lstm-co2/checkpoints", "--replicas", "2", "--slots", "8"]
+    args = ["--model", f"models:/{NAME}@champion", "--replicas", "2", "--slots", "8"]
     args += ["--idle-timeout-s", str(IDLE_S), "--port", str(port), "--detach"]
     run = cli("serve", "jobs/stateful_lstm.yaml", *args, env=runs.env, cwd=runs.cwd)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     assert f"http://127.0.0.1:{port}/v2/models/{NAME}" in run.stdout and "8 slots x 2 replicas" in run.stdout
+    run_id = runs.results[2]["mlflow"]["run_id"]
+    assert f"model models:/{NAME}@champion (version 1 of {NAME}, run {run_id})" in run.stdout
     try:
-        yield f"127.0.0.1:{port}", runs.results[2]["final_weights"]
+        yield f"127.0.0.1:{port}", str(runs.cwd / "runs/stateful-lstm-co2/checkpoints")
     finally:
         serve.shutdown()
 
@@ -58,10 +62,10 @@ def infer(triton_client, window: np.ndarray, stream, start=False, end=False):
     return result.as_numpy("change")[0], result.get_response()["parameters"]["rayparallel_replica"]
 
 
-def batch_1_loop(weights_file: str, windows: list[np.ndarray]) -> np.ndarray:
+def batch_1_loop(weights: str, windows: list[np.ndarray]) -> np.ndarray:
     import rayparallel
 
-    model = rayparallel.load_model(weights_file, batch_size=1)
+    model = rayparallel.load_model(weights, batch_size=1)
     return np.array([model.predict_on_batch(w[None])[0] for w in windows])
 
 
@@ -73,6 +77,7 @@ def test_live_streams_equal_the_batch_1_loop_and_stay_on_their_replica(server):
     assert triton_client.is_server_live() and triton_client.is_model_ready(NAME)
     metadata = triton_client.get_model_metadata(NAME)
     assert metadata["inputs"] == [{"name": "co2_features", "datatype": "FP32", "shape": [-1, 8, 2]}]
+    assert metadata["versions"] == ["1"]  # the registered version served
     rng = np.random.default_rng(11)
     streams = {i: list(rng.normal(size=(5, 8, 2)).astype("float32")) for i in range(1, 9)}
     order = [int(i) for _ in range(5) for i in rng.permutation(list(streams))]  # every stream once a round
@@ -183,3 +188,17 @@ def test_a_replica_killed_mid_stream_loses_no_stream_and_applies_each_window_onc
     for i, windows in streams.items():
         assert len(answers[i]) == len(windows), (i, len(answers[i]))  # a failed window ends its thread early
         assert np.abs(np.array(answers[i]) - batch_1_loop(weights, windows)).max() < 1e-5, i
+
+
+def test_a_model_the_registry_does_not_have_is_one_line(default_job_runs):
+    import rayparallel
+    from rayparallel.errors import RayParallelError
+
+    store = [f"mlflow.tracking_uri=sqlite:///{default_job_runs.cwd}/mlflow.db"]  # the training run's registry
+    for uri, expected in [
+        (f"models:/{NAME}@nope", f"--model: expected a registered model version, received 'models:/{NAME}@nope' ("),
+        (f"models:/{NAME}/7", f"--model: expected a registered model version, received 'models:/{NAME}/7' ("),
+    ]:
+        with pytest.raises(RayParallelError) as info:
+            rayparallel.serve("jobs/stateful_lstm.yaml", model=uri, overrides=store)
+        assert str(info.value).startswith(expected) and "\n" not in str(info.value), str(info.value)

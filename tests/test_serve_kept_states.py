@@ -9,7 +9,9 @@ import asyncio
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
+from rayparallel.errors import RayParallelError
 from rayparallel.serve.kept_states import Commit, KeptStates, StateKeeper
 from rayparallel.serve.replica import StreamReplica
 
@@ -74,3 +76,23 @@ def test_a_stream_moved_between_replicas_goes_on_from_its_kept_state_and_a_retry
     for t, change in answers[:-1]:
         assert np.abs(change - expected[t]).max() < 1e-5, t
     assert answers[-1][0] == 400 and answers[-1][1].startswith("sequence_start: expected true")
+
+
+@pytest.mark.parametrize(
+    "arguments, expected",
+    [
+        ({"weights": "w.weights.h5", "model": "models:/m@champion"}, "--weights, --model: expected one of them, "),
+        ({}, "--weights, --model: expected one of them, received neither"),
+        ({"model": "runs/x"}, "--model: expected models:/NAME@ALIAS or models:/NAME/VERSION, received 'runs/x'"),
+        ({"model": "models:/m", "replicas": 0}, "--replicas: expected a positive integer, received 0"),
+        ({"model": "models:/m@a", "keep_states": "no"}, "keep_states: expected True or False, received 'no'"),
+        ({"model": "models:/m@a", "port": 70000}, "--port: expected a port number (1-65535), received 70000"),
+    ],
+    ids=["both", "neither", "uri", "replicas", "keep_states", "port"],
+)
+def test_a_bad_serve_argument_is_one_line_before_anything_starts(arguments, expected):
+    import rayparallel
+
+    with pytest.raises(RayParallelError) as info:
+        rayparallel.serve("jobs/stateful_lstm.yaml", **arguments)
+    assert str(info.value).startswith(expected) and "\n" not in str(info.value), str(info.value)

@@ -158,6 +158,35 @@ def rebuilt_for(job: JobSpec, weights: str | os.PathLike, unlisted: bool, batch_
     return rebuild(weights, batch_size, unlisted, dict(job.model.kwargs))
 
 
+def registered_for(job: JobSpec, uri: str, batch_size: int) -> tuple[Rebuilt, str]:
+    """The job's model with the weights of a registered version (`models:/NAME@ALIAS`), and that version."""
+    from ..checkpoint.export import Rebuilt
+    from ..errors import first_line
+    from ..model import build_model
+    from ..quiet import import_tensorflow
+    from ..spec.references import add_search_path
+    from ..tracking.registry import registered
+    from ..tracking.store import chosen_tracking_uri
+
+    found = registered(uri, chosen_tracking_uri(job.mlflow.tracking_uri))
+    if found.builder and found.builder != reference_name(job.model.builder):
+        raise RayParallelError(
+            f"--model: expected a version of the job's model ({reference_name(job.model.builder)}), received "
+            f"{uri!r}, trained for {found.builder}"
+        )
+    import_tensorflow()
+    add_search_path([os.getcwd()])
+    model = build_model(job.model, batch_size)
+    try:
+        model.load_weights(str(found.keras_file))  # Keras reads the weights of a whole `.keras` model too
+    except Exception as exc:
+        raise RayParallelError(
+            f"--model: expected weights matching the model of {reference_name(job.model.builder)} with kwargs "
+            f"{job.model.kwargs}, received {uri!r} ({first_line(exc)})"
+        ) from None
+    return Rebuilt(model, job.model, found.keras_file, found.why()), found.version
+
+
 def _workers(num_workers: int | None, job: JobSpec, rows: Rows) -> int:
     workers = job.scaling.max_workers if num_workers is None else num_workers
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:

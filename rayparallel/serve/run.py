@@ -11,7 +11,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..cluster.stall import warned_while
@@ -23,6 +23,8 @@ from .app import ServeSettings, build
 if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle
 
+    from ..checkpoint.export import Rebuilt
+
 
 @dataclass
 class Served:
@@ -30,8 +32,9 @@ class Served:
 
     url: str  # the model's KServe address: POST {url}/infer
     name: str
-    weights: str
+    weights: str  # the weights file, or the registered model's URI
     why: str
+    version: str  # the registered model's version, else "1"
     slots: int
     replicas: int
     # Ray Serve's handle of the application's HTTP ingress; callers inside Ray reach the stream replicas with
@@ -43,7 +46,8 @@ class Served:
 def serve(
     spec: SpecSource,
     *,
-    weights: str | os.PathLike,
+    weights: str | os.PathLike | None = None,
+    model: str | None = None,
     name: str | None = None,
     replicas: int = 1,
     slots: int | None = None,
@@ -60,8 +64,9 @@ def serve(
 ) -> Served:
     """The job's stateful model served to live streams on Ray Serve, KServe v2 with Triton's sequence extension.
 
-    Each of `replicas` holds `slots` streams (default the job's global batch: the model is built for it);
-    a stream takes a slot at `sequence_start`, frees it at `sequence_end` or after `idle_timeout_s`, and
+    The weights are a weights file or checkpoint folder (`weights`), or a registered version (`model`,
+    `models:/NAME@ALIAS`: the metadata's `versions` name it). Each of `replicas` holds `slots` streams
+    (default the job's global batch: the model is built for it); a stream takes a slot at `sequence_start`, frees it at `sequence_end` or after `idle_timeout_s`, and
     its answers are what the batch-1 loop over its windows gives. With `keep_states` each step's states
     are kept outside the replicas before they answer, so a replica's death loses no stream (its windows
     go on on another replica, a window in flight applied once). The application stays up while Ray
@@ -72,12 +77,12 @@ def serve(
     'http://127.0.0.1:8000/v2/models/stateful-lstm-co2'
     """
     from ..cluster import connect
-    from ..inference.run import rebuilt_for
 
     job = load_spec(spec, list(overrides))
     settings = _settings(job, name, replicas, slots, idle_timeout_s, slot_wait_s, use_gpu, keep_states)
     _check_address(host, port)
-    rebuilt = rebuilt_for(job, weights, unlisted, batch_size=settings.slots)
+    rebuilt, source, version = _weights(job, weights, model, unlisted, settings.slots)
+    settings = replace(settings, version=version)
     _check_model(rebuilt.model)
     working_dir = os.getcwd()
     connect.connect(worker_logs)  # a local Ray started here lives as long as this process
@@ -92,11 +97,12 @@ def serve(
     with warned_while(waiting, job.run.stall_warning_s, printer(verbose)):  # as predict says what its workers wait for
         handle = ray_serve.run(app, name=settings.name, route_prefix="/", blocking=False)
     url = f"http://{host}:{port}/v2/models/{settings.name}"
+    kept = "kept" if settings.keep_states else "not kept"
     printer(verbose)(
         f"rayparallel serve: {url} ({settings.slots} slots x {plural(settings.num_replicas, 'replica')}, idle timeout "
-        f"{settings.idle_timeout_s:g} s, states {'kept' if settings.keep_states else 'not kept'}); weights {rebuilt.weights} ({rebuilt.why})"
+        f"{settings.idle_timeout_s:g} s, states {kept}); {'model' if model else 'weights'} {source} ({rebuilt.why})"
     )
-    return Served(url, settings.name, str(rebuilt.weights), rebuilt.why, settings.slots, settings.num_replicas, handle)
+    return Served(url, settings.name, source, rebuilt.why, version, settings.slots, settings.num_replicas, handle)
 
 
 def stay_up(name: str) -> None:
@@ -135,6 +141,21 @@ def _settings(
     if not isinstance(keep_states, bool):
         raise RayParallelError(f"keep_states: expected True or False, received {keep_states!r}")
     return ServeSettings(model_name, "1", replicas, slots, float(idle), float(wait), bool(use_gpu), cpus, keep_states)
+
+
+def _weights(job: Any, weights: Any, model: str | None, unlisted: bool, slots: int) -> tuple[Rebuilt, str, str]:
+    """The job's model for `slots` rows with its weights, what they came from (the file or the model's URI), and
+    the version the metadata names (a registered one's, else "1")."""
+    from ..inference.run import rebuilt_for, registered_for
+
+    if (weights is None) == (model is None):
+        given = "both" if model else "neither"
+        raise RayParallelError(f"--weights, --model: expected one of them, received {given}")
+    if model is None:
+        rebuilt = rebuilt_for(job, weights, unlisted, batch_size=slots)
+        return rebuilt, str(rebuilt.weights), "1"
+    rebuilt, version = registered_for(job, model, slots)
+    return rebuilt, model, version
 
 
 def _check_address(host: str, port: int) -> None:

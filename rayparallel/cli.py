@@ -143,6 +143,9 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    serve.add_argument(
+        "--proxy-location", default="EveryNode", help="Ray Serve's HTTP proxies: EveryNode (default) or HeadOnly"
+    )
     serve.add_argument("--detach", action="store_true", help="leave it running on the cluster in RAY_ADDRESS")
     _repeatable(serve, "--set", "overrides", "KEY=VALUE", "override a spec value")
     serve.add_argument("--unlisted", action="store_true", help="accept a weights file the manifest does not list")
@@ -300,6 +303,7 @@ def _serve(args: argparse.Namespace) -> int:
         keep_states=args.keep_states,
         host=args.host,
         port=args.port,
+        proxy_location=args.proxy_location,
         overrides=args.overrides,
         unlisted=args.unlisted,
         worker_logs=args.worker_logs or args.debug,

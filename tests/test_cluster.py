@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -297,6 +298,80 @@ def test_a_ray_data_job_whose_workers_take_every_cpu_is_refused_before_training(
         "scaling.resources_per_worker.CPU (now 1)"
     }, output[-3000:]
     assert "Epoch 1/" not in output and not (tmp_path / "o" / "run.json").exists()
+
+
+def test_ray_job_submit_serves_streams_from_a_replica_on_each_node(cluster, default_job_runs):
+    """`rayparallel serve` as a Ray job on the 2 nodes (the HTTP proxy on the head: both nodes share this
+    machine's ports), 2 replicas: Ray Serve puts one on each node, streams are answered by both, each as the
+    batch-1 loop answers it; `ray job stop` ends it like Ctrl-C, the application deleted."""
+    import uuid
+
+    from .test_serve import batch_1_loop, client, infer
+
+    port, job_id = free_port(), f"serve-{uuid.uuid4().hex[:8]}"
+    ray_job = [sys.executable, "-m", "ray.scripts.scripts", "job"]
+    command = [*ray_job, "submit", "--address", cluster.address, "--no-wait", "--submission-id", job_id]
+    command += ["--working-dir", str(default_job_runs.cwd), "--", "rayparallel", "serve", "jobs/stateful_lstm.yaml"]
+    command += ["--weights", "runs/stateful-lstm-co2/checkpoints", "--replicas", "2", "--slots", "4"]
+    command += ["--port", str(port), "--proxy-location", "HeadOnly"]
+    env = {**os.environ, **AUTH}
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    url = f"127.0.0.1:{port}"
+    try:
+        triton_client = _serving(client, url, ray_job, cluster.address, job_id, env)
+        rng = np.random.default_rng(8)
+        streams = {i: list(rng.normal(size=(3, 8, 2)).astype("float32")) for i in range(1, 9)}
+        answers, replicas = {i: [] for i in streams}, {}
+        for i, windows in streams.items():
+            for t, window in enumerate(windows):
+                change, replicas[i] = infer(triton_client, window, i, start=t == 0, end=t == 2)
+                answers[i].append(change)
+        weights = str(default_job_runs.cwd / "runs/stateful-lstm-co2/checkpoints")
+        for i, windows in streams.items():
+            assert np.abs(np.array(answers[i]) - batch_1_loop(weights, windows)).max() < 1e-5, i
+        nodes = _replica_nodes(cluster.address, env)
+        assert len(set(replicas.values())) == 2 and {nodes[r] for r in replicas.values()} == set(nodes.values())
+        assert len(set(nodes.values())) == 2, nodes  # the two replicas that answered, on two nodes
+    finally:
+        subprocess.run([*ray_job, "stop", "--address", cluster.address, job_id], capture_output=True, env=env)
+    logs = subprocess.run(
+        [*ray_job, "logs", "--address", cluster.address, job_id], capture_output=True, text=True, env=env
+    )
+    assert "rayparallel serve: up until Ctrl-C" in logs.stdout, logs.stdout[-3000:]
+
+
+def _serving(client, url: str, ray_job: list, address: str, job_id: str, env: dict, timeout: float = 300):
+    """Triton's client once the model is ready (the replicas import TensorFlow); the job's logs if it ended."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            triton_client = client(url)
+            if triton_client.is_model_ready("stateful-lstm-co2"):
+                return triton_client
+        except Exception:  # not listening yet
+            pass
+        status = subprocess.run(
+            [*ray_job, "status", "--address", address, job_id], capture_output=True, text=True, env=env
+        )
+        if any(word in status.stdout for word in ("FAILED", "STOPPED", "SUCCEEDED")):
+            logs = subprocess.run(
+                [*ray_job, "logs", "--address", address, job_id], capture_output=True, text=True, env=env
+            )
+            raise AssertionError(f"the serve job ended: {status.stdout[-500:]}\n{logs.stdout[-3000:]}")
+        time.sleep(2)
+    raise AssertionError(f"no model ready at {url} within {timeout:g} s")
+
+
+def _replica_nodes(address: str, env: dict) -> dict[str, str]:
+    """Each live stream replica's id (as answers name it) -> its node, from Ray's state API."""
+    command = [sys.executable, "-m", "ray.scripts.scripts", "list", "actors", "--address", address, "--detail"]
+    command += ["--filter", "state=ALIVE", "--format", "json", "--limit", "1000"]
+    run = subprocess.run(command, capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    actors = json.loads(run.stdout)
+    names = {a["name"]: a["node_id"] for a in actors if (a.get("name") or "").startswith("SERVE_REPLICA::")}
+    return {name.rsplit("#", 1)[1]: node for name, node in names.items() if "-streams#" in name}
 
 
 def elastic_job(tmp_path, name: str, workers: int | dict, tracking_uri: str) -> Path:

@@ -134,6 +134,8 @@ def test_an_idle_stream_is_freed_and_bad_requests_are_one_line_while_serving_goe
     windows = list(np.random.default_rng(3).normal(size=(4, 8, 2)).astype("float32"))
     answers = [infer(triton_client, w, "after", start=t == 0, end=t == 3)[0] for t, w in enumerate(windows)]
     assert np.abs(np.array(answers) - batch_1_loop(weights, windows)).max() < 1e-5
+    timed_out = lambda figures: figures.get("streams_timed_out_total", 0) >= 1  # noqa: E731
+    assert timed_out(ray_metrics(timed_out))  # the idle stream, as the operator sees it
 
 
 def request_json(window: np.ndarray, **parameters) -> dict:
@@ -188,6 +190,31 @@ def test_a_replica_killed_mid_stream_loses_no_stream_and_applies_each_window_onc
     for i, windows in streams.items():
         assert len(answers[i]) == len(windows), (i, len(answers[i]))  # a failed window ends its thread early
         assert np.abs(np.array(answers[i]) - batch_1_loop(weights, windows)).max() < 1e-5, i
+    taken_over = lambda figures: figures.get("streams_taken_over_total", 0) >= len(moved)  # noqa: E731
+    figures = ray_metrics(taken_over)  # the operator's view of it, in Prometheus' format
+    assert taken_over(figures), figures
+    assert figures.get("streams_started_total", 0) >= len(streams) - len(moved), figures
+    assert figures.get("streams_ended_total", 0) >= 1 and figures.get("batch_fill_count", 0) >= 1, figures
+
+
+def ray_metrics(ready, timeout_s: float = 60.0) -> dict[str, float]:
+    """The stream replicas' `ray_rayparallel_serve_*` figures from this node's Prometheus endpoint, summed over
+    the replicas, once `ready(figures)` (Ray exports every few seconds)."""
+    import ray
+
+    port = ray.nodes()[0]["MetricsExportPort"]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as answer:
+            text = answer.read().decode()
+        figures: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("ray_rayparallel_serve_") and "{" in line:
+                name = line[len("ray_rayparallel_serve_") : line.index("{")]
+                figures[name] = figures.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+        if ready(figures) or time.monotonic() > deadline:
+            return figures
+        time.sleep(2.0)
 
 
 def test_a_model_the_registry_does_not_have_is_one_line(default_job_runs):

@@ -22,6 +22,7 @@ from .replica import StreamReplica
 if TYPE_CHECKING:
     import keras
     from ray.serve import Application
+    from ray.serve.config import RequestRouterConfig
 
     from ..spec import ModelSpec
 
@@ -51,17 +52,23 @@ def model_tensors(model: keras.Model) -> tuple[TensorSpec, list[TensorSpec]]:
     return tensor_spec(tensor.name, tensor.dtype, tensor.shape[1:]), outputs
 
 
+def sticky_router() -> RequestRouterConfig:
+    """Ray Serve's consistent-hash request router on the session id (the stream), with no fallback replica."""
+    from ray.serve.config import RequestRouterConfig
+
+    return RequestRouterConfig(
+        request_router_class=HOOKS["consistent_hash_router"].replace(":", "."),
+        request_router_kwargs={"num_virtual_nodes": 100, "num_fallback_replicas": 0},
+    )
+
+
 def build(
     recipe: ModelSpec, weights: Any, search_path: list[str], model: keras.Model, settings: ServeSettings
 ) -> Application:
     """The application: `model` (the job's, built here for its metadata) served from `weights`."""
     from ray import serve
-    from ray.serve.config import RequestRouterConfig
 
-    router = RequestRouterConfig(
-        request_router_class=HOOKS["consistent_hash_router"].replace(":", "."),
-        request_router_kwargs={"num_virtual_nodes": 100, "num_fallback_replicas": 0},
-    )
+    router = sticky_router()
     keeper = None
     if settings.keep_states:  # one keeper for all the replicas: a commit a step, answered on its event loop
         keeper = serve.deployment(

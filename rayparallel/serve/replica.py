@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import uuid
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .kept_states import Commit, Kept, Verdict
+from .metrics import StreamMetrics
 from .slots import NotStarted, SlotsFull, SlotTable
 
 if TYPE_CHECKING:
@@ -65,7 +67,8 @@ class StreamReplica:
         from .slot_model import SlotModel
 
         self.model = SlotModel(built_model(recipe, weights, search_path, slots))
-        self.table = SlotTable(slots, idle_timeout_s)
+        self.table = SlotTable(slots, idle_timeout_s, on_timeout=self._timed_out)
+        self.metrics = StreamMetrics(slots)
         self.slot_wait_s, self.keeper = slot_wait_s, keeper
         self.waiting: dict[Hashable, deque[Waiting]] = {}
         self.windows: dict[Hashable, int] = {}  # each held stream's answered windows, as the keeper counts them
@@ -79,7 +82,9 @@ class StreamReplica:
         self, stream: Hashable, start: bool, end: bool, window: np.ndarray, token: str = ""
     ) -> tuple[int, Any, str]:
         """(200, the outputs by name, this replica's id), or (status, one line, id): 400 for a stream that
-        holds no slot, 503 when every slot stayed taken for `slot_wait_s`."""
+        holds no slot, 503 when every slot stayed taken for `slot_wait_s`. `token` names the window for
+        its retries (the ingress's request id); a caller without one gets a window applied once per call."""
+        token = token or uuid.uuid4().hex
         if self.wake is None:  # the loop lives in the replica's event loop, started with its first request
             self.wake = asyncio.Event()
             asyncio.get_running_loop().create_task(self._steps())
@@ -90,6 +95,7 @@ class StreamReplica:
             slot = await self._slot(stream, start or kept is not None)
             if kept is not None:
                 self.restores[slot], self.windows[stream] = kept.state, kept.windows
+                self.metrics.count("taken_over")
             answer = asyncio.get_running_loop().create_future()
             self.waiting.setdefault(stream, deque()).append(Waiting(stream, slot, window, start, end, token, answer))
             self.wake.set()
@@ -134,9 +140,13 @@ class StreamReplica:
                     continue
                 for head, verdict in zip(heads, verdicts, strict=True):
                     self._settle(head, outputs[head.slot], *verdict)
-            for stream in self.table.expire():
-                self.windows.pop(stream, None)
-                logger.info(f"rayparallel serve: sequence {stream!r} idle past {self.table.idle_timeout_s:g} s, freed")
+                self.metrics.step(len(heads), len(self.table.held()))
+            self.table.expire()
+
+    def _timed_out(self, stream: Hashable) -> None:
+        self.windows.pop(stream, None)
+        self.metrics.count("timed_out")
+        logger.info(f"rayparallel serve: sequence {stream!r} idle past {self.table.idle_timeout_s:g} s, freed")
 
     def _step(self, heads: list[Waiting]) -> tuple[dict[int, dict[str, np.ndarray]], dict[int, list[np.ndarray]]]:
         for slot in list(self.restores):  # popped one by one: a request may add one meanwhile
@@ -172,8 +182,11 @@ class StreamReplica:
         if verdict == "duplicate":  # a retry: the slot back to the state the kept answer left
             self.restores[head.slot], outputs = kept.state, kept.answer
         head.answer.set_result(outputs)
+        if head.start and verdict == "kept":
+            self.metrics.count("started")
         if head.end:
             self._free(head.stream)
+            self.metrics.count("ended")
 
     def _free(self, stream: Hashable) -> None:
         self.table.end(stream)

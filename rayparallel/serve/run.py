@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from ..checkpoint.export import Rebuilt
 
 
+# Ray Serve's `proxy_location`: an HTTP proxy on every node (a load balancer in front), or on the head only
+PROXY_LOCATIONS = ("EveryNode", "HeadOnly")
+
+
 @dataclass
 class Served:
     """A running application: where it answers, and a handle for callers inside Ray."""
@@ -39,7 +43,8 @@ class Served:
     replicas: int
     # Ray Serve's handle of the application's HTTP ingress; callers inside Ray reach the stream replicas with
     # `ray.serve.get_deployment_handle(f"{name}-streams", name).options(session_id=str(sequence_id))` and
-    # `.infer.remote(sequence_id, start, end, window)` -> (status, outputs or one line, replica id)
+    # `.infer.remote(sequence_id, start, end, window, token)` -> (status, outputs or one line, replica id); the
+    # same `token` on a retry of a window applies it once (the ingress sends a new one per HTTP request)
     handle: DeploymentHandle
 
 
@@ -57,6 +62,7 @@ def serve(
     keep_states: bool = True,
     host: str = "127.0.0.1",
     port: int = 8000,
+    proxy_location: str = "EveryNode",
     overrides: Iterable[str] = (),
     unlisted: bool = False,
     verbose: bool = True,
@@ -66,11 +72,13 @@ def serve(
 
     The weights are a weights file or checkpoint folder (`weights`), or a registered version (`model`,
     `models:/NAME@ALIAS`: the metadata's `versions` name it). Each of `replicas` holds `slots` streams
-    (default the job's global batch: the model is built for it); a stream takes a slot at `sequence_start`, frees it at `sequence_end` or after `idle_timeout_s`, and
-    its answers are what the batch-1 loop over its windows gives. With `keep_states` each step's states
-    are kept outside the replicas before they answer, so a replica's death loses no stream (its windows
-    go on on another replica, a window in flight applied once). The application stays up while Ray
-    does (`ray.serve.delete(name)` ends it; the command line ends it at Ctrl-C).
+    (default the job's global batch: the model is built for it); a stream takes a slot at
+    `sequence_start`, frees it at `sequence_end` or after `idle_timeout_s`, and its answers are what the
+    batch-1 loop over its windows gives. With `keep_states` each step's states are kept outside the
+    replicas before they answer, so a replica's death loses no stream (its windows go on on another
+    replica, a window in flight applied once). `proxy_location` is Ray Serve's: `EveryNode` (its
+    default) or `HeadOnly`. The application stays up while Ray does (`ray.serve.delete(name)` ends it;
+    the command line ends it at Ctrl-C).
 
     >>> served = rayparallel.serve("jobs/stateful_lstm.yaml", weights="runs/stateful-lstm-co2/checkpoints")  # doctest: +SKIP
     >>> served.url  # doctest: +SKIP
@@ -80,7 +88,7 @@ def serve(
 
     job = load_spec(spec, list(overrides))
     settings = _settings(job, name, replicas, slots, idle_timeout_s, slot_wait_s, use_gpu, keep_states)
-    _check_address(host, port)
+    _check_address(host, port, proxy_location)
     rebuilt, source, version = _weights(job, weights, model, unlisted, settings.slots)
     settings = replace(settings, version=version)
     _check_model(rebuilt.model)
@@ -91,7 +99,7 @@ def serve(
     if not worker_logs:  # Ray Serve's own start-up lines: the one line below says what runs where
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
 
-    ray_serve.start(http_options={"host": host, "port": port})
+    ray_serve.start(http_options={"host": host, "port": port}, proxy_location=proxy_location)
     app = build(rebuilt.recipe, rebuilt.model.get_weights(), [working_dir], rebuilt.model, settings)
     waiting = "Ray Serve is starting the replicas (each imports TensorFlow and builds the model) or waits for CPUs"
     with warned_while(waiting, job.run.stall_warning_s, printer(verbose)):  # as predict says what its workers wait for
@@ -158,7 +166,11 @@ def _weights(job: Any, weights: Any, model: str | None, unlisted: bool, slots: i
     return rebuilt, model, version
 
 
-def _check_address(host: str, port: int) -> None:
+def _check_address(host: str, port: int, proxy_location: str) -> None:
+    if proxy_location not in PROXY_LOCATIONS:
+        raise RayParallelError(
+            f"--proxy-location: expected one of {', '.join(PROXY_LOCATIONS)}, received {proxy_location!r}"
+        )
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
         raise RayParallelError(f"--port: expected a port number (1-65535), received {port!r}")
     if not isinstance(host, str) or not host:

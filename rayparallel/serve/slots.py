@@ -32,10 +32,17 @@ class Held:
 class SlotTable:
     """`slots` batch rows; the streams that hold them, by sequence id."""
 
-    def __init__(self, slots: int, idle_timeout_s: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        slots: int,
+        idle_timeout_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        on_timeout: Callable[[Hashable], None] = lambda stream: None,
+    ):
         if slots < 1:
             raise ValueError(f"slots: expected at least 1, received {slots}")
         self.slots, self.idle_timeout_s, self._clock = slots, idle_timeout_s, clock
+        self.on_timeout = on_timeout  # told of each stream freed for idleness, whichever call found it idle
         self._held: dict[Hashable, Held] = {}
 
     def take(self, stream: Hashable, start: bool) -> tuple[int, bool]:
@@ -45,11 +52,9 @@ class SlotTable:
         >>> table.take("a", start=True), table.take("b", start=True), table.take("a", start=False)
         ((0, True), (1, True), (0, False))
         """
+        self.expire()  # an idle stream is as if freed
         now = self._clock()
         held = self._held.get(stream)
-        if held is not None and now - held.last_seen > self.idle_timeout_s:  # expired: as if freed
-            del self._held[stream]
-            held = None
         if held is None and not start:
             raise self.not_started(stream)
         if held is None:
@@ -70,11 +75,12 @@ class SlotTable:
         self._held.pop(stream, None)
 
     def expire(self) -> list[Hashable]:
-        """The streams idle past the timeout, freed (for the replica's log and metrics)."""
+        """The streams idle past the timeout, freed (each told to `on_timeout`, for the replica's log and metrics)."""
         now = self._clock()
         idle = [stream for stream, held in self._held.items() if now - held.last_seen > self.idle_timeout_s]
         for stream in idle:
             del self._held[stream]
+            self.on_timeout(stream)
         return idle
 
     def held(self) -> dict[Hashable, int]:
@@ -83,7 +89,6 @@ class SlotTable:
         return {stream: held.slot for stream, held in self._held.items()}
 
     def _free_slot(self, now: float) -> int:
-        self.expire()
         taken = {held.slot for held in self._held.values()}
         free = [slot for slot in range(self.slots) if slot not in taken]
         if not free:

@@ -335,32 +335,25 @@ def test_ray_job_submit_serves_streams_from_a_replica_on_each_node(cluster, defa
         assert len(set(nodes.values())) == 2, nodes  # the two replicas that answered, on two nodes
     finally:
         subprocess.run([*ray_job, "stop", "--address", cluster.address, job_id], capture_output=True, env=env)
-    logs = subprocess.run(
-        [*ray_job, "logs", "--address", cluster.address, job_id], capture_output=True, text=True, env=env
-    )
-    assert "rayparallel serve: up until Ctrl-C" in logs.stdout, logs.stdout[-3000:]
 
 
 def _serving(client, url: str, ray_job: list, address: str, job_id: str, env: dict, timeout: float = 300):
-    """Triton's client once the model is ready (the replicas import TensorFlow); the job's logs if it ended."""
+    """Triton's client once the command says it is up: every replica started (the ingress answers before,
+    and a stream started then is placed on the replicas up at the time); the job's logs if it ended."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
+        logs = subprocess.run([*ray_job, "logs", "--address", address, job_id], capture_output=True, text=True, env=env)
+        if "rayparallel serve: up until Ctrl-C" in logs.stdout:
             triton_client = client(url)
-            if triton_client.is_model_ready("stateful-lstm-co2"):
-                return triton_client
-        except Exception:  # not listening yet
-            pass
+            assert triton_client.is_model_ready("stateful-lstm-co2")
+            return triton_client
         status = subprocess.run(
             [*ray_job, "status", "--address", address, job_id], capture_output=True, text=True, env=env
         )
         if any(word in status.stdout for word in ("FAILED", "STOPPED", "SUCCEEDED")):
-            logs = subprocess.run(
-                [*ray_job, "logs", "--address", address, job_id], capture_output=True, text=True, env=env
-            )
             raise AssertionError(f"the serve job ended: {status.stdout[-500:]}\n{logs.stdout[-3000:]}")
         time.sleep(2)
-    raise AssertionError(f"no model ready at {url} within {timeout:g} s")
+    raise AssertionError(f"the serve job not up within {timeout:g} s")
 
 
 def _replica_nodes(address: str, env: dict) -> dict[str, str]:

@@ -8,7 +8,7 @@ zero at the step of the window that started the stream, and the slot is freed on
 (`sequence_end`) is answered.
 
 With a keeper (`kept_states`), the step's states are committed there before any of its windows is
-answered, and a window of a stream this replica does not hold is continued from the kept state: the
+answered (the commit runs beside the next steps of other streams), and a window of a stream this replica does not hold is continued from the kept state: the
 stream's replica died, or the ring moved it here. The keeper's verdict decides each answer: kept (the
 step's), duplicate (a retry of an answered window: the kept answer, and the slot put back to the kept
 state) or stale (this slot was behind: the kept state put in, and the window stepped again).
@@ -73,6 +73,7 @@ class StreamReplica:
         self.waiting: dict[Hashable, deque[Waiting]] = {}
         self.windows: dict[Hashable, int] = {}  # each held stream's answered windows, as the keeper counts them
         self.restores: dict[int, list[np.ndarray]] = {}  # state rows to put into a slot before its next step
+        self.committing: set[Hashable] = set()  # streams whose last step awaits the keeper's verdict
         self.stepper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rayparallel-step")
         self.wake: asyncio.Event | None = None
         self.replica = _replica_id()
@@ -124,24 +125,40 @@ class StreamReplica:
                 await asyncio.sleep(0.01)
 
     async def _steps(self) -> None:
+        """Step every stream with a window waiting and no step being committed. A step's commit runs beside
+        the next steps (the keeper's round trip does not hold the model), and a stream's next window waits
+        for its previous one's verdict, which may change its slot (stale, duplicate)."""
         loop = asyncio.get_running_loop()
         while True:
             await self.wake.wait()
             self.wake.clear()
-            while self.waiting:
-                heads = [queue.popleft() for queue in self.waiting.values()]
+            while ready := [stream for stream in self.waiting if stream not in self.committing]:
+                heads = [self.waiting[stream].popleft() for stream in ready]
                 self.waiting = {stream: queue for stream, queue in self.waiting.items() if queue}
                 try:
                     outputs, states = await loop.run_in_executor(self.stepper, self._step, heads)
-                    verdicts = await self._commit(heads, outputs, states)
-                except Exception as exc:  # the model or the keeper failed: every window of the step hears why
+                except Exception as exc:  # the model failed: every window of the step hears why
                     for head in heads:
                         head.answer.set_exception(exc)
                     continue
-                for head, verdict in zip(heads, verdicts, strict=True):
-                    self._settle(head, outputs[head.slot], *verdict)
+                self.committing.update(ready)
+                loop.create_task(self._answer(heads, outputs, states))
                 self.metrics.step(len(heads), len(self.table.held()))
             self.table.expire()
+
+    async def _answer(self, heads: list[Waiting], outputs: dict, states: dict) -> None:
+        """The step's windows settled by their verdicts; their streams free to step again."""
+        try:
+            verdicts = await self._commit(heads, outputs, states)
+        except Exception as exc:  # the keeper failed: the step's windows hear why
+            for head in heads:
+                head.answer.set_exception(exc)
+        else:
+            for head, verdict in zip(heads, verdicts, strict=True):
+                self._settle(head, outputs[head.slot], *verdict)
+        finally:
+            self.committing.difference_update(head.stream for head in heads)
+            self.wake.set()
 
     def _timed_out(self, stream: Hashable) -> None:
         self.windows.pop(stream, None)

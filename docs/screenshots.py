@@ -1,7 +1,9 @@
 """The screenshots in docs/mlflow-ui.md: the default job trained into a real `mlflow server` on
-127.0.0.1, its run's pages rendered by headless Chromium (`tests/browser.py` says what it needs).
+127.0.0.1, its run's pages rendered by headless Chromium (`tests/browser.py` says what it needs);
+with `--site`, the docs site's home and API reference pages instead, built with `mkdocs build --strict`.
 
-Run from the repository: python -m docs.screenshots   (about 2 minutes; writes docs/images/*.png)
+Run from the repository: python -m docs.screenshots [--site]   (about 2 minutes, or 20 s with --site;
+writes docs/images/*.png)
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.browser import missing, run_pages
+from tests.browser import missing, run_pages, site_pages
 from tests.helpers import REPO, MlflowServer
 
 SETTINGS = [
@@ -25,6 +27,9 @@ SETTINGS = [
 def main() -> None:
     if why := missing():
         sys.exit(f"docs.screenshots: expected Chromium and Playwright, received {why}")
+    if "--site" in sys.argv[1:]:
+        site()
+        return
     with tempfile.TemporaryDirectory(prefix="rayparallel-docs-") as folder:
         server = MlflowServer(Path(folder))
         try:
@@ -38,6 +43,13 @@ def main() -> None:
                 print(f"docs/images/{name}.png")
         finally:
             server.stop()
+
+
+def site() -> None:
+    with tempfile.TemporaryDirectory(prefix="rayparallel-site-") as folder:
+        subprocess.run(["mkdocs", "build", "--strict", "--quiet", "--site-dir", folder], cwd=REPO, check=True)
+        for name in site_pages(Path(folder), REPO / "docs" / "images"):
+            print(f"docs/images/{name}.png")
 
 
 if __name__ == "__main__":

@@ -23,9 +23,10 @@ if TYPE_CHECKING:
 def validate(spec: SpecSource, overrides: Iterable[str] = ()) -> JobSpec:
     """Check a job without training: spec, imports, data shapes, the replica's batch.
 
-    >>> import rayparallel
-    >>> rayparallel.validate("jobs/stateful_lstm.yaml").per_worker_batch_size  # doctest: +SKIP
-    4
+    Examples:
+        >>> import rayparallel
+        >>> rayparallel.validate("jobs/stateful_lstm.yaml").per_worker_batch_size  # doctest: +SKIP
+        4
     """
     from .cluster.run import checked_job, ray_session, space_warning_for
 
@@ -55,9 +56,10 @@ def train(
     resumes only a run that did not finish. `worker_logs=True` shows the workers' own
     output (TensorFlow, Ray Train), which is otherwise held back.
 
-    >>> import rayparallel
-    >>> result = rayparallel.train("jobs/stateful_lstm.yaml", overrides=["train.epochs=2"])  # doctest: +SKIP
-    >>> result.history[-1]["val_loss"]  # doctest: +SKIP
+    Examples:
+        >>> import rayparallel
+        >>> result = rayparallel.train("jobs/stateful_lstm.yaml", overrides=["train.epochs=2"])  # doctest: +SKIP
+        >>> result.history[-1]["val_loss"]  # doctest: +SKIP
     """
     from .cluster.run import run_job
 
@@ -105,8 +107,9 @@ def fit(
     Ray's object store once; a tf.data pipeline as the function that builds it (`x=make_ds`), called by
     every worker. Other settings: `mlflow={"experiment": "x"}`, `overrides=["run.seed=1"]`.
 
-    >>> result = rayparallel.fit(build, x, y, batch_size=32, epochs=3, validation_data=(xv, yv))  # doctest: +SKIP
-    >>> model = rayparallel.load_model(result.checkpoint_dir, batch_size=1)  # doctest: +SKIP
+    Examples:
+        >>> result = rayparallel.fit(build, x, y, batch_size=32, epochs=3, validation_data=(xv, yv))  # doctest: +SKIP
+        >>> model = rayparallel.load_model(result.checkpoint_dir, batch_size=1)  # doctest: +SKIP
     """
     from .data.in_memory import fit_loader
 
@@ -169,10 +172,11 @@ def tune(
     write to `<output_dir>/trial-NNN/` (default `runs/<name>-tune`); `resume=True` runs only
     the trials of the recorded sweep that did not finish.
 
-    >>> result = rayparallel.tune(  # doctest: +SKIP
-    ...     "jobs/stateful_lstm.yaml", {"train.optimizer.config.learning_rate": "loguniform(1e-4, 1e-1)"},
-    ...     samples=4, scheduler="asha")
-    >>> result.best_weights  # doctest: +SKIP
+    Examples:
+        >>> result = rayparallel.tune(  # doctest: +SKIP
+        ...     "jobs/stateful_lstm.yaml", {"train.optimizer.config.learning_rate": "loguniform(1e-4, 1e-1)"},
+        ...     samples=4, scheduler="asha")
+        >>> result.best_weights  # doctest: +SKIP
     """
     from .files import ensure_writable
     from .tuning.driver import run_sweep

@@ -1,5 +1,5 @@
-"""The MLflow UI's pages of a run as headless Chromium renders them: the docs' screenshots
-(`python -m docs.screenshots`) and the real-server test that takes them where a browser is installed.
+"""Pages as headless Chromium renders them: the MLflow UI's pages of a run and the docs site's
+(`python -m docs.screenshots [--site]`), and the real-server test that takes them where a browser is installed.
 
 Chromium from Debian (`apt-get install chromium`), driven by Playwright's Python package (`pip
 install -e '.[docs]'`, no browser download: it starts the system's Chromium).
@@ -59,6 +59,28 @@ def run_pages(base: str, experiment_id: str, run_id: str, folder: Path) -> dict[
                 page.goto(url)
                 page.wait_for_selector(loaded, timeout=60_000)
                 page.wait_for_timeout(2000)  # the charts' last fetches and drawing
+                page.screenshot(path=str(folder / f"{name}.png"))
+                texts[name] = page.inner_text("body")
+        finally:
+            browser.close()
+    return texts
+
+
+def site_pages(site: Path, folder: Path) -> dict[str, str]:
+    """Screenshots of a built docs site's home and API reference pages (`site-home.png`, `site-api.png`
+    in `folder`), opened from disk; returns each page's visible text."""
+    from playwright.sync_api import sync_playwright
+
+    pages = {"site-home": site / "index.html", "site-api": site / "api" / "index.html"}
+    folder.mkdir(parents=True, exist_ok=True)
+    texts = {}
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            for name, path in pages.items():
+                page.goto(path.resolve().as_uri())
+                page.wait_for_selector("h1", timeout=60_000)
                 page.screenshot(path=str(folder / f"{name}.png"))
                 texts[name] = page.inner_text("body")
         finally:

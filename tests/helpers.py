@@ -20,6 +20,15 @@ REPO = Path(__file__).resolve().parents[1]
 RAYPARALLEL = str(Path(sys.executable).with_name("rayparallel"))
 
 
+def doc_section(title: str, page: str = "README.md") -> str:
+    """The section of README (or `docs/<page>`) whose heading starts `## {title}`, up to the next section;
+    a docs page's whole text when `title` is its own `# ` heading."""
+    text = (REPO / page).read_text()
+    if text.startswith(f"# {title}"):
+        return text
+    return text.split(f"\n## {title}", 1)[1].split("\n## ", 1)[0]
+
+
 def cli(*args: str, env: dict | None = None, cwd: Path = REPO, timeout: float = 600):
     """Run `rayparallel ...` as a user would, through the installed script; returns the CompletedProcess."""
     environment = {**os.environ, **(env or {})}

@@ -15,12 +15,12 @@ import pytest
 import rayparallel
 from rayparallel.errors import RayParallelError
 
-from .helpers import REPO, final_weights, max_relative_error
+from .helpers import REPO, doc_section, final_weights, max_relative_error
 
 
 def readme_cells() -> list[str]:
     """The two code blocks of README's "From a notebook" section: the notebook's cells, the script's lines."""
-    section = (REPO / "README.md").read_text().split("## From a notebook", 1)[1].split("\n## ", 1)[0]
+    section = doc_section("From a notebook")
     return [block.split("\n", 1)[1] for block in section.split("```python")[1:]]
 
 

@@ -3,8 +3,8 @@ setting, trained by plain Keras `fit` in this process (the oracle) and by raypar
 2 workers, same data, seed and order. A cell ends with `fit`'s weights (SGD: 1e-5 of each
 tensor's largest value, or of 1e-3 for a tensor that stays below it, such as the Transformer's
 attention key bias, whose true gradient is zero and which holds round-off only) and history
-(1e-4), or is refused before training in one line, as `fit` refuses it. README's "Coming from
-model.fit" table is generated from `CASES` (`test_the_readme_table_is_the_matrix`)."""
+(1e-4), or is refused before training in one line, as `fit` refuses it. The table of docs/from-fit.md
+is generated from `CASES` (`test_the_docs_table_is_the_matrix`)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class Case:
     name: str  # the setting, as a Keras user would name it
     builder: str  # a builder of `tests.conformance_models` (it compiles its model)
     loader: str
-    how: str  # README's note: what makes it exact, or why it is refused
+    how: str  # the docs' note: what makes it exact, or why it is refused
     workers: tuple[int, ...] = (2,)
     kwargs: dict = field(default_factory=dict)  # the loader's
     builder_kwargs: dict = field(default_factory=dict)
@@ -147,7 +147,7 @@ CASES = [
 
 
 def table() -> str:
-    """The matrix as README shows it."""
+    """The matrix as docs/from-fit.md shows it."""
     rows = ["| setting | workers | as `fit` | how |", "| --- | --- | --- | --- |"]
     for case in CASES:
         outcome = "refused" if case.refused else "weights 1e-5, history 1e-4"
@@ -166,8 +166,9 @@ def spec(case: Case) -> dict:
     }
 
 
-def test_the_readme_table_is_the_matrix():
-    assert table() in (REPO / "README.md").read_text(), f"README's conformance table should read:\n{table()}"
+def test_the_docs_table_is_the_matrix():
+    page = (REPO / "docs/from-fit.md").read_text()
+    assert table() in page, f"docs/from-fit.md's conformance table should read:\n{table()}"
 
 
 def case_id(case: Case) -> str:

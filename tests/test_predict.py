@@ -11,7 +11,7 @@ import pytest
 import rayparallel
 from rayparallel.cli import main
 
-from .helpers import REPO, cli
+from .helpers import cli, doc_section
 
 
 def saved_weights(folder, builder: str, kwargs: dict, batch_size: int = 4) -> str:
@@ -30,9 +30,10 @@ def saved_weights(folder, builder: str, kwargs: dict, batch_size: int = 4) -> st
 
 
 def readme_command() -> list[str]:
-    """README's `rayparallel predict` command, as written."""
-    section = (REPO / "README.md").read_text().split("## Predict", 1)[1].split("\n## ", 1)[0]
+    """The `rayparallel predict` command of docs/predict.md, as written; README's is the same."""
+    section = doc_section("Predict", "docs/predict.md")
     (line,) = [line for line in section.splitlines() if line.startswith("rayparallel predict ")]
+    assert line in doc_section("What a run prints and leaves").splitlines()
     return line.split()[1:]
 
 
@@ -75,7 +76,7 @@ def test_streams_equal_the_batch_1_loop_on_2_and_1_workers_with_an_mlflow_run_ne
     continued = stream_by_stream(model, data["x_val"], 8, warmup=data["x_train"])
     shape = expected.shape
 
-    # README's command as written, typed in the quick start's folder after its `rayparallel train` (a clone's
+    # the docs' command as written, typed in the quick start's folder after its `rayparallel train` (a clone's
     # layout: `jobs/` importable only as the working directory); the prediction nests under training's MLflow run
     runs = default_job_runs
     run = cli(*readme_command(), env=runs.env, cwd=runs.cwd)

@@ -77,7 +77,7 @@ def test_saved_lines_follow_their_epoch_and_slow_input_is_a_warning():
         "Epoch 1: saved ckpt/epoch-001.weights.h5",
         "Epoch 2/3",
         "4.0s - loss: 0.2 - 800 samples/s",
-        "WARNING input: workers waited 32% of epoch 2 for data; see Data in the README",
+        "WARNING input: workers waited 32% of epoch 2 for data; see docs/data.md",
         "Epoch 2: saved ckpt/epoch-002.weights.h5",
     ]
 

@@ -229,3 +229,46 @@ def test_a_model_the_registry_does_not_have_is_one_line(default_job_runs):
         with pytest.raises(RayParallelError) as info:
             rayparallel.serve("jobs/stateful_lstm.yaml", model=uri, overrides=store)
         assert str(info.value).startswith(expected) and "\n" not in str(info.value), str(info.value)
+
+
+def test_the_serve_page_runs_as_written(default_job_runs, tmp_path):
+    """docs/serve.md in the quick start's folder: its command (its own local Ray, as a user's first
+    try starts one), then its `curl` and its Python block against it; Ctrl-C ends it (exit 130)."""
+    import re
+    import subprocess
+    import sys
+
+    from .helpers import RAYPARALLEL, doc_section
+
+    blocks = re.findall(r"```(\w*)\n(.*?)```", doc_section("Serve (live streams)", "docs/serve.md"), re.S)
+    (command,), (curl,), (python,) = ([b for lang, b in blocks if lang == kind] for kind in ("", "shell", "python"))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PATH"] = f"{os.path.dirname(RAYPARALLEL)}:{env['PATH']}"  # the installed script, as a user's shell finds it
+    env.pop("MLFLOW_TRACKING_URI", None)  # MLflow's default store in the folder: where the quick start registered
+    output = tmp_path / "serve.log"
+    with open(output, "w") as log:
+        server = subprocess.Popen(
+            ["bash", "-c", f"exec {command.strip()}"], cwd=default_job_runs.cwd, env=env, stdout=log, stderr=log
+        )
+    try:
+        deadline = time.monotonic() + 300
+        while "rayparallel serve: up until Ctrl-C" not in output.read_text():
+            assert server.poll() is None and time.monotonic() < deadline, output.read_text()[-3000:]
+            time.sleep(1)
+        answered = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=60)
+        answer = json.loads(answered.stdout)
+        assert answer["outputs"][0]["name"] == "change" and answer["outputs"][0]["shape"] == [1, 8, 1], answer
+        script = tmp_path / "client.py"
+        script.write_text(python)
+        printed = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+        assert printed.returncode == 0, printed.stderr[-2000:]
+        first = batch_1_loop(
+            str(default_job_runs.cwd / "runs/stateful-lstm-co2/checkpoints"), [np.zeros((8, 2), "float32")]
+        )
+        values = np.array(printed.stdout.strip().strip("[]").split(), dtype="float32")
+        assert np.abs(values - first[0, :, 0]).max() < 1e-4  # printed with numpy's precision
+        assert np.abs(np.array(answer["outputs"][0]["data"]) - first[0, :, 0]).max() < 1e-5
+    finally:
+        server.send_signal(signal.SIGINT)
+        code = server.wait(timeout=120)
+    assert code == 130, output.read_text()[-3000:]

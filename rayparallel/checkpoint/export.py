@@ -69,7 +69,8 @@ def load_model(
     `builder_kwargs` change the builder's arguments from the recorded ones (a model trained
     on windows of 10 steps, served one step at a time: `window=1`); the weights must fit.
 
-    >>> model = rayparallel.load_model("runs/stateful-lstm-co2/checkpoints", batch_size=1)  # doctest: +SKIP
+    Examples:
+        >>> model = rayparallel.load_model("runs/stateful-lstm-co2/checkpoints", batch_size=1)  # doctest: +SKIP
     """
     return rebuild(checkpoint, batch_size, unlisted, builder_kwargs).model
 

@@ -26,7 +26,7 @@ def input_warning(epoch: int, logs: dict) -> str | None:
     waited = logs.get("input_wait_fraction", 0.0)
     if waited < INPUT_WAIT_WARNING:
         return None
-    return f"input: workers waited {waited:.0%} of epoch {epoch} for data; see Data in the README"
+    return f"input: workers waited {waited:.0%} of epoch {epoch} for data; see docs/data.md"
 
 
 def describe_resize(resize: dict) -> str:

@@ -94,8 +94,9 @@ def write_summary(out: Path, summary: dict) -> Path:
 def read_predictions(out: str | Path) -> dict[str, np.ndarray]:
     """Every part of a prediction folder as arrays by column (tensor columns with their shapes).
 
-    >>> columns = read_predictions("runs/predict")  # doctest: +SKIP
-    >>> columns["stream"], columns["t"], columns["change"].shape  # doctest: +SKIP
+    Examples:
+        >>> columns = read_predictions("runs/predict")  # doctest: +SKIP
+        >>> columns["stream"], columns["t"], columns["change"].shape  # doctest: +SKIP
     """
     import pyarrow as pa
     import pyarrow.parquet as pq

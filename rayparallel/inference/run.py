@@ -75,16 +75,16 @@ def predict(
     """The model's predictions for the job's rows, on `num_workers` Ray workers, as Parquet in `out`.
 
     The rows: the loader's `x_predict` (`split="val"`: `x_val`), or `data.predict_dataset`
-    (`data.val_dataset`), or the arrays `x` (an array, a tuple or a dict of arrays, as `fit`
-    takes them; for a `rayparallel.fit` run, pass its `job.yaml`). `weights`: a weights file or a checkpoint folder (its best), as
-    `export` takes them. With `layout: streams` each worker carries its streams' states window
+    (`data.val_dataset`), or the arrays `x` (as `fit` takes them; for a `rayparallel.fit` run, pass its
+    `job.yaml`). `weights`: a weights file or a checkpoint folder (its best), as `export` takes them. With `layout: streams` each worker carries its streams' states window
     after window, from zero states (`continue_states=True`: from the end of the loader's
     x_train); other rows go through Ray Data to a pool of replicas, keyed by their row (or the
     dataset's id columns). Also written: `out/predict.json`, and an MLflow run.
 
-    >>> result = rayparallel.predict("jobs/stateful_lstm.yaml", weights="runs/stateful-lstm-co2/checkpoints",  # doctest: +SKIP
-    ...                              out="runs/co2-predict", split="val")
-    >>> rayparallel.read_predictions(result.out)["change"].shape  # doctest: +SKIP
+    Examples:
+        >>> result = rayparallel.predict("jobs/stateful_lstm.yaml", weights="runs/stateful-lstm-co2/checkpoints",  # doctest: +SKIP
+        ...                              out="runs/co2-predict", split="val")
+        >>> rayparallel.read_predictions(result.out)["change"].shape  # doctest: +SKIP
     """
     from ..cluster.run import source_of
 

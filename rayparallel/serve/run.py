@@ -80,37 +80,55 @@ def serve(
     default) or `HeadOnly`. The application stays up while Ray does (`ray.serve.delete(name)` ends it;
     the command line ends it at Ctrl-C).
 
-    >>> served = rayparallel.serve("jobs/stateful_lstm.yaml", weights="runs/stateful-lstm-co2/checkpoints")  # doctest: +SKIP
-    >>> served.url  # doctest: +SKIP
-    'http://127.0.0.1:8000/v2/models/stateful-lstm-co2'
+    Examples:
+        >>> served = rayparallel.serve("jobs/stateful_lstm.yaml", weights="runs/stateful-lstm-co2/checkpoints")  # doctest: +SKIP
+        >>> served.url  # doctest: +SKIP
+        'http://127.0.0.1:8000/v2/models/stateful-lstm-co2'
     """
-    from ..cluster import connect
-
     job = load_spec(spec, list(overrides))
     settings = _settings(job, name, replicas, slots, idle_timeout_s, slot_wait_s, use_gpu, keep_states)
     _check_address(host, port, proxy_location)
     rebuilt, source, version = _weights(job, weights, model, unlisted, settings.slots)
     settings = replace(settings, version=version)
     _check_model(rebuilt.model)
-    working_dir = os.getcwd()
-    connect.connect(worker_logs)  # a local Ray started here lives as long as this process
+    handle = _run(job, rebuilt, settings, {"host": host, "port": port}, proxy_location, worker_logs, verbose)
+    url = f"http://{host}:{port}/v2/models/{settings.name}"
+    served = Served(url, settings.name, source, rebuilt.why, version, settings.slots, settings.num_replicas, handle)
+    printer(verbose)(_up_line(served, settings, "model" if model else "weights"))
+    return served
+
+
+def _run(
+    job: Any,
+    rebuilt: Rebuilt,
+    settings: ServeSettings,
+    http: dict,
+    proxy_location: str,
+    worker_logs: bool,
+    verbose: bool,
+) -> DeploymentHandle:
+    """The application started on Ray Serve (on the Ray this process joins or starts); its ingress' handle."""
     from ray import serve as ray_serve
 
-    if not worker_logs:  # Ray Serve's own start-up lines: the one line below says what runs where
-        logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    from ..cluster import connect
 
-    ray_serve.start(http_options={"host": host, "port": port}, proxy_location=proxy_location)
+    working_dir = os.getcwd()  # before Ray, as predict takes it
+    connect.connect(worker_logs)  # a local Ray started here lives as long as this process
+    if not worker_logs:  # Ray Serve's own start-up lines: the one line the caller prints says what runs where
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    ray_serve.start(http_options=http, proxy_location=proxy_location)
     app = build(rebuilt.recipe, rebuilt.model.get_weights(), [working_dir], rebuilt.model, settings)
     waiting = "Ray Serve is starting the replicas (each imports TensorFlow and builds the model) or waits for CPUs"
     with warned_while(waiting, job.run.stall_warning_s, printer(verbose)):  # as predict says what its workers wait for
-        handle = ray_serve.run(app, name=settings.name, route_prefix="/", blocking=False)
-    url = f"http://{host}:{port}/v2/models/{settings.name}"
+        return ray_serve.run(app, name=settings.name, route_prefix="/", blocking=False)
+
+
+def _up_line(served: Served, settings: ServeSettings, given: str) -> str:
     kept = "kept" if settings.keep_states else "not kept"
-    printer(verbose)(
-        f"rayparallel serve: {url} ({settings.slots} slots x {plural(settings.num_replicas, 'replica')}, idle timeout "
-        f"{settings.idle_timeout_s:g} s, states {kept}); {'model' if model else 'weights'} {source} ({rebuilt.why})"
+    return (
+        f"rayparallel serve: {served.url} ({served.slots} slots x {plural(served.replicas, 'replica')}, idle timeout "
+        f"{settings.idle_timeout_s:g} s, states {kept}); {given} {served.weights} ({served.why})"
     )
-    return Served(url, settings.name, source, rebuilt.why, version, settings.slots, settings.num_replicas, handle)
 
 
 def stay_up(name: str) -> None:

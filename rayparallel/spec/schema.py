@@ -63,7 +63,7 @@ class Shard:
 class DataSpec:
     """Where the rows come from: an in-memory `loader`, or Ray Data through `dataset`.
 
-    `loader(**kwargs)` returns {x_train, y_train[, x_val, y_val][, baselines]}. It is called
+    `loader(**kwargs)` returns `{x_train, y_train[, x_val, y_val][, baselines]}`. It is called
     once and its arrays are shared by the workers of a node through Ray's object store; a
     loader with a `shard` argument is called by every worker for its own rows instead (see
     `Shard`). If the loader accepts a `global_batch_size` argument it is given the job's

@@ -181,7 +181,7 @@ def compress_gradients(optimizer: keras.optimizers.Optimizer, mode: str) -> None
 
     Horovod's `Compression.fp16` idea: each gradient is cast down before the collective and
     back to its own dtype after it, so the update itself runs at full precision. Half the
-    bytes cross the wire; the sums are rounded (not exact: README, "Gradient compression").
+    bytes cross the wire; the sums are rounded (not exact: docs/speed.md, "Gradient compression").
     Keras' TensorFlow optimizer all-reduces in `_all_reduce_sum_gradients`; wrapping it on
     this one instance keeps everything else (clipping, loss scaling, the update) as it was.
     """

@@ -242,6 +242,7 @@ def test_the_serve_page_runs_as_written(default_job_runs, tmp_path):
 
     blocks = re.findall(r"```(\w*)\n(.*?)```", doc_section("Serve (live streams)", "docs/serve.md"), re.S)
     (command,), (curl,), (python,) = ([b for lang, b in blocks if lang == kind] for kind in ("", "shell", "python"))
+    assert command.strip() in doc_section("What a run prints and leaves")  # README's command is the same
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PATH"] = f"{os.path.dirname(RAYPARALLEL)}:{env['PATH']}"  # the installed script, as a user's shell finds it
     env.pop("MLFLOW_TRACKING_URI", None)  # MLflow's default store in the folder: where the quick start registered

@@ -99,6 +99,8 @@ def test_every_yaml_block_is_a_job_spec_the_parser_accepts(block: Block):
     """A whole job is loaded as it is; a section is loaded in the default job, in place of its own."""
     from rayparallel.spec import load_spec
 
+    if block.marker and block.marker[0] == "excerpt":
+        assert block.body.strip() in (REPO / block.marker[1]).read_text(), f"{block.page}: not verbatim"
     default = yaml.safe_load((REPO / "jobs/stateful_lstm.yaml").read_text())
     for document in yaml.safe_load_all(block.body):
         spec = document if "model" in document else {**default, **document}

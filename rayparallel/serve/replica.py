@@ -8,10 +8,12 @@ zero at the step of the window that started the stream, and the slot is freed on
 (`sequence_end`) is answered.
 
 With a keeper (`kept_states`), the step's states are committed there before any of its windows is
-answered (the commit runs beside the next steps of other streams), and a window of a stream this replica does not hold is continued from the kept state: the
-stream's replica died, or the ring moved it here. The keeper's verdict decides each answer: kept (the
-step's), duplicate (a retry of an answered window: the kept answer, and the slot put back to the kept
-state) or stale (this slot was behind: the kept state put in, and the window stepped again).
+answered (the commit runs beside the next steps of other streams), and a window of a stream this
+replica does not hold is continued from the kept state: the stream's replica died, or the ring moved it
+here. The keeper's verdict decides each answer: kept (the step's), duplicate (a retry of an answered
+window: the kept answer, and the slot put back to the kept state) or stale (this slot was behind: the
+kept state put in, and the window stepped again). A request that went away (its caller cancelled it)
+is skipped when its answer comes.
 """
 
 from __future__ import annotations
@@ -139,7 +141,7 @@ class StreamReplica:
                     outputs, states = await loop.run_in_executor(self.stepper, self._step, heads)
                 except Exception as exc:  # the model failed: every window of the step hears why
                     for head in heads:
-                        head.answer.set_exception(exc)
+                        _reply(head.answer, error=exc)
                     continue
                 self.committing.update(ready)
                 loop.create_task(self._answer(heads, outputs, states))
@@ -152,7 +154,7 @@ class StreamReplica:
             verdicts = await self._commit(heads, outputs, states)
         except Exception as exc:  # the keeper failed: the step's windows hear why
             for head in heads:
-                head.answer.set_exception(exc)
+                _reply(head.answer, error=exc)
         else:
             for head, verdict in zip(heads, verdicts, strict=True):
                 self._settle(head, outputs[head.slot], *verdict)
@@ -188,7 +190,7 @@ class StreamReplica:
     def _settle(self, head: Waiting, outputs: dict[str, np.ndarray], verdict: Verdict, kept: Kept | None) -> None:
         if verdict == "stale" and (kept is None or kept.ended):  # ended or idle elsewhere meanwhile
             self._free(head.stream)
-            head.answer.set_exception(self.table.not_started(head.stream))
+            _reply(head.answer, error=self.table.not_started(head.stream))
             return
         if kept is not None:
             self.windows[head.stream] = kept.windows
@@ -198,7 +200,7 @@ class StreamReplica:
             return
         if verdict == "duplicate":  # a retry: the slot back to the state the kept answer left
             self.restores[head.slot], outputs = kept.state, kept.answer
-        head.answer.set_result(outputs)
+        _reply(head.answer, outputs)
         if head.start and verdict == "kept":
             self.metrics.count("started")
         if head.end:
@@ -208,6 +210,16 @@ class StreamReplica:
     def _free(self, stream: Hashable) -> None:
         self.table.end(stream)
         self.windows.pop(stream, None)
+
+
+def _reply(answer: asyncio.Future, result: Any = None, error: Exception | None = None) -> None:
+    """The waiting request's answer, unless it went away (cancelled) meanwhile."""
+    if answer.done():
+        return
+    if error is not None:
+        answer.set_exception(error)
+    else:
+        answer.set_result(result)
 
 
 def _replica_id() -> str:

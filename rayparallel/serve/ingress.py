@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from starlette.requests import Request
 
 INFER = re.compile(r"/v2/models/(?P<name>[^/]+)(/versions/(?P<version>[^/]+))?/infer")
+logger = logging.getLogger("ray.serve")
 FAILOVER_S = 120.0  # how long a window waits for its stream's next replica after a death (a TensorFlow import)
 
 
@@ -83,7 +85,7 @@ class KServeIngress:
 
         handle = self.replicas.options(session_id=str(parsed.sequence_id))
         token = uuid.uuid4().hex  # the same on every retry: the keeper applies the window once
-        deadline = asyncio.get_running_loop().time() + FAILOVER_S
+        deadline, retried = asyncio.get_running_loop().time() + FAILOVER_S, False
         while True:
             try:
                 return await handle.infer.remote(parsed.sequence_id, parsed.start, parsed.end, parsed.window, token)
@@ -94,6 +96,12 @@ class KServeIngress:
                         503,
                         f"replica: expected the stream's replica to answer, received its death ({kept}; {type(exc).__name__})",
                     ) from None
+                if not retried:  # a death, not a request: said once, then the window waits
+                    logger.warning(
+                        f"rayparallel serve: the replica of sequence {parsed.sequence_id!r} died "
+                        f"({type(exc).__name__}); sending its window to the next replica, up to {FAILOVER_S:g} s"
+                    )
+                retried = True
                 await asyncio.sleep(0.2)
 
     def metadata(self) -> dict:

@@ -4,7 +4,7 @@
 >>> result = rayparallel.train("jobs/stateful_lstm.yaml", overrides=["train.epochs=2"])  # doctest: +SKIP
 """
 
-from .api import fit, train, tune, validate
+from .api import fit, shutdown, train, tune, validate
 from .checkpoint.export import Exported, export, load_model
 from .errors import RayParallelError
 from .inference.output import read_predictions
@@ -20,6 +20,7 @@ __all__ = [
     "train",
     "tune",
     "validate",
+    "shutdown",
     "predict",
     "read_predictions",
     "serve",

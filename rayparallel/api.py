@@ -51,7 +51,9 @@ def train(
     """Train a job data-parallel on Ray and return its result (also written as result.json).
 
     Joins the Ray cluster this process is connected to (or `RAY_ADDRESS`), else starts a
-    local Ray for the run and stops it afterwards. `resume=True` continues the run recorded
+    local Ray. The run's worker group stays up for the next `train` or `fit` of this process
+    that asks for the same workers (`scaling`), which then starts in seconds; `shutdown()`
+    releases it (and the local Ray), as the end of the process does. `resume=True` continues the run recorded
     in `output_dir` from its last completed epoch, `False` starts fresh, `None` (default)
     resumes only a run that did not finish. `worker_logs=True` shows the workers' own
     output (TensorFlow, Ray Train), which is otherwise held back.
@@ -71,6 +73,7 @@ def train(
         worker_logs=worker_logs,
         resume=resume,
         started_at=time.time(),
+        warm=True,
     )
 
 
@@ -174,7 +177,7 @@ def tune(
 
     Examples:
         >>> result = rayparallel.tune(  # doctest: +SKIP
-        ...     "jobs/stateful_lstm.yaml", {"train.optimizer.config.learning_rate": "loguniform(1e-4, 1e-1)"},
+        ...     "jobs/stateful_lstm.yaml", params={"train.optimizer.config.learning_rate": "loguniform(1e-4, 1e-1)"},
         ...     samples=4, scheduler="asha")
         >>> result.best_weights  # doctest: +SKIP
     """
@@ -188,3 +191,15 @@ def tune(
     out = (Path(output_dir) if output_dir is not None else Path("runs") / f"{job.name}-tune").resolve()
     ensure_writable(out, "--output-dir")
     return run_sweep(job, settings, out, resume=resume, verbose=verbose, worker_logs=worker_logs)
+
+
+def shutdown() -> None:
+    """Release the worker group that `train` and `fit` keep warm, and the local Ray they started.
+
+    Examples:
+        >>> import rayparallel
+        >>> rayparallel.shutdown()  # the workers' CPUs (or GPUs) back to the cluster
+    """
+    from .cluster.warm_workers import shutdown as release
+
+    release()

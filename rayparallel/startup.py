@@ -17,6 +17,7 @@ import time
 PHASES = (
     "spec_checked",  # driver: spec, imports, data and replica checked (preflight; after Ray for a Ray Data job)
     "ray_ready",  # driver: joined or started Ray
+    "workers_reused",  # driver: the run takes the worker group this process kept warm (rayparallel.fit/train)
     "recorder_ready",  # the recorder actor is up; it starts beside the worker group (MLflow's run in its thread)
     "workers_started",  # rank 0 entered the training function
     "tensorflow_imported",

@@ -18,6 +18,9 @@ def pytest_configure(config):
     stay on the first, as before; Ray's workers are processes of their own."""
     import tensorflow as tf
 
+    # each test's runs start and end their own worker groups (the notebook test turns warm workers on in its
+    # kernel): a group kept warm by one test would hold CPUs that the next test's runs need
+    os.environ["RAYPARALLEL_WARM_WORKERS"] = "0"
     (cpu,) = tf.config.list_physical_devices("CPU")
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
@@ -66,7 +69,7 @@ def shared_workers(ray_address, tmp_path_factory):
 
     # half a CPU each: they idle while another test's run trains (tests run one at a time), so a 3-worker
     # run fits beside them on the session's 4 CPUs
-    workers = SharedWorkers(2, str(tmp_path_factory.mktemp("shared-workers")), resources_per_worker={"CPU": 0.5})
+    workers = SharedWorkers(2, str(tmp_path_factory.mktemp("shared-workers")), held_per_worker={"CPU": 0.5})
     SHARED.append(workers)
     try:
         yield workers

@@ -31,16 +31,14 @@ def doc_section(title: str, page: str = "README.md") -> str:
 
 def cli(*args: str, env: dict | None = None, cwd: Path = REPO, timeout: float = 600):
     """Run `rayparallel ...` as a user would, through the installed script; returns the CompletedProcess."""
-    environment = {**os.environ, **(env or {})}
-    environment = {k: v for k, v in environment.items() if v != ""}  # "" unsets
     return subprocess.run(
-        [RAYPARALLEL, *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=environment,
+        [RAYPARALLEL, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=cli_env(env)
     )
+
+
+def cli_env(env: dict | None) -> dict:
+    """This process's environment with `env`'s changes; a value of "" unsets its variable."""
+    return {k: v for k, v in {**os.environ, **(env or {})}.items() if v != ""}
 
 
 SESSION_CPUS = 4  # the session's local Ray (conftest.ray_address): 3 workers fit on 2 cores

@@ -29,16 +29,7 @@ NOT_RUN = {
         "docs/clusters.md",
         "ray job submit --address http://HEAD:8265 --working-dir . -- rayparallel train jobs/stateful_lstm.yaml",
     ),
-    ("docs/data.md", "def load(global_batch_size):  # data.loader: mymodule:load"),
-    ("docs/from-fit.md", "def build(batch_size):"),
-    ("docs/predict.md", "result = rayparallel.predict("),
-    ("docs/python.md", "import rayparallel"),
     ("docs/speed.md", "ray start --head --num-cpus 3          # once; `ray stop` ends it"),
-    ("docs/sweeps.md", "rayparallel tune jobs/stateful_lstm.yaml --samples 4 --scheduler asha --set train.epochs=6"),
-    (
-        "docs/sweeps.md",
-        'result = rayparallel.tune("jobs/stateful_lstm.yaml", params={"model.kwargs.units": "grid(16, 32)"}, scheduler="asha")',
-    ),
 }
 
 
@@ -81,7 +72,7 @@ def test_every_command_and_code_block_is_run_or_marked(block: Block):
             source = (REPO / path).read_text()
             tests = {node.name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.FunctionDef)}
             assert name in tests, f"{block.page}: {target} is not a test"
-            reads = f'"{block.page}")' if block.page != "README.md" else "doc_section("
+            reads = f'"{block.page}"' if block.page != "README.md" else "doc_section("
             assert reads in source, f"{block.page}: {path} does not read the page ({reads})"
     else:
         assert (block.page, block.first_line) in NOT_RUN, f"{block.page}: not run ({what}) and not listed in NOT_RUN"
@@ -105,3 +96,33 @@ def test_every_yaml_block_is_a_job_spec_the_parser_accepts(block: Block):
     for document in yaml.safe_load_all(block.body):
         spec = document if "model" in document else {**default, **document}
         load_spec(spec, [])
+
+
+def python_block(page: str, marked_by: str) -> str:
+    """The Python block of `page` whose run marker names the test `marked_by`."""
+    (block,) = [b for b in blocks() if b.page == page and b.language == "python" and marked_by in b.marker[1]]
+    return block.body
+
+
+def test_the_data_and_compile_examples_make_a_job_that_validates(tmp_path, monkeypatch, capsys):
+    """docs/data.md's tf.data loader and docs/from-fit.md's compiling builder, as written, are the `mymodule`
+    their comments name: a job of the two passes the driver's checks (the loader's batches, the replica
+    built at the worker's batch, its compile settings taken as the job's)."""
+    import rayparallel
+
+    test = "test_the_data_and_compile_examples_make_a_job_that_validates"
+    module = python_block("docs/data.md", test) + "\n\n" + python_block("docs/from-fit.md", test)
+    (tmp_path / "mymodule.py").write_text(module)
+    monkeypatch.chdir(tmp_path)  # where a user types it: the job's modules resolve from the working directory
+    job = {
+        "name": "docs-examples",
+        "model": {"builder": "mymodule:build"},
+        "data": {"loader": "mymodule:load"},
+        "train": {"global_batch_size": 8},
+        "scaling": {"num_workers": 2},
+    }
+    checked = rayparallel.validate(job)
+    assert checked.per_worker_batch_size == 4 and checked.data.loader == "mymodule:load"
+    assert "mymodule" in __import__("sys").modules  # imported from the working directory, as train imports it
+    with pytest.raises(rayparallel.RayParallelError, match="train.optimizer"):  # the builder's own, not another
+        rayparallel.validate(job, overrides=["train.optimizer=adam"])

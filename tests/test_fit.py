@@ -5,8 +5,10 @@ defined in `__main__` (a notebook's kernel, a script), trained on 2 workers, equ
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -109,23 +111,88 @@ def test_a_script_whose_builder_lives_in_main_trains_what_fit_trains(ray_address
     assert swept.startswith("SWEEP ['FINISHED']") and swept.endswith("final.weights.h5"), swept
 
 
-@pytest.mark.slow
-def test_a_notebook_trains_what_fit_trains_and_shows_the_console(ray_address, tmp_path, plain_fit, monkeypatch):
-    """A real Jupyter kernel runs the cells; the console's lines are the cell's output, the workers' own logs
-    stay held back."""
-    import nbformat
-    from nbclient import NotebookClient
+class Kernel:
+    """A real Jupyter kernel (as a notebook runs cells) in `cwd`, with this process's environment."""
 
+    def __init__(self, cwd: Path):
+        from jupyter_client.manager import start_new_kernel
+
+        self.manager, self.client = start_new_kernel(kernel_name="python3", cwd=str(cwd))
+
+    def run(self, code: str, interrupt_on: str | None = None, timeout: float = 600) -> tuple[str, str]:
+        """The cell's printed text (an error as `Name: value`) and its status (`ok`, `error`); with
+        `interrupt_on`, the kernel is interrupted (as the notebook's stop button does) once that text shows."""
+        msg_id, printed, deadline = self.client.execute(code), [], time.monotonic() + timeout
+        while True:
+            message = self.client.get_iopub_msg(timeout=max(deadline - time.monotonic(), 1))
+            if message["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = message["msg_type"], message["content"]
+            if kind == "stream":
+                printed.append(content["text"])
+            elif kind == "error":
+                printed.append(f"{content['ename']}: {content['evalue']}")
+            elif kind == "status" and content["execution_state"] == "idle":
+                return "".join(printed), self.client.get_shell_msg(timeout=60)["content"]["status"]
+            if interrupt_on and interrupt_on in "".join(printed):
+                self.manager.interrupt_kernel()
+                interrupt_on = None
+
+    def close(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=True)
+
+
+RESULT_CELL = "print('RESULT', result.final_weights, 'workers_reused' in result.startup, len(result.workers))"
+
+
+def fitted(kernel: Kernel, cell: str, plain_fit, label: str) -> tuple[str, bool]:
+    """Run a fit cell; its weights equal Keras `fit`'s (compared now: the next fit moves them aside).
+    Returns what it printed and whether it ran on the workers kept warm from the call before."""
+    printed, status = kernel.run(cell)
+    assert status == "ok", printed[-3000:]
+    path, reused, workers = kernel.run(RESULT_CELL)[0].split()[1:]
+    model = rayparallel.load_model(Path(path).parent, batch_size=1)  # `Halve` is not defined here: it came by value
+    error = max_relative_error(final_weights(path, lambda batch_size: model), plain_fit[0])
+    print(f"{label}: rayparallel.fit on {workers} workers vs Keras fit, max relative weight error {error:.2e}")
+    assert error < 1e-5 and type(model.layers[1]).__name__ == "Halve" and model.inputs[0].shape[0] == 1
+    return printed, reused == "True"
+
+
+@pytest.mark.slow
+def test_a_notebook_keeps_its_workers_warm_and_every_fit_equals_fit(ray_address, tmp_path, plain_fit, monkeypatch):
+    """README's cells in a real Jupyter kernel: the console's lines are the cell's output (the workers' own
+    logs held back); the next fit (and docs/python.md's `train` between them) runs on the workers kept
+    warm; another worker count replaces them; a fit interrupted in the kernel leaves the next one working."""
     monkeypatch.setenv("RAY_ADDRESS", ray_address)  # the kernel joins this session's Ray
-    cells = [MODEL_CELL, FIT_CELL]
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
-    NotebookClient(
-        notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    ).execute()
-    printed = "".join(out.get("text", "") for out in notebook.cells[1].outputs if out.output_type == "stream")
-    assert "Epoch 1/2" in printed and "Epoch 2/2" in printed and "finished in" in printed, printed[-2000:]
-    assert "RayTrainWorker" not in printed and "cuda" not in printed.lower()  # held back, as on a terminal
-    assert_same_as_plain_fit(tmp_path, plain_fit, "notebook")
+    monkeypatch.delenv("RAYPARALLEL_WARM_WORKERS")  # as a user's kernel: warm workers on
+    shutil.copytree(REPO / "jobs", tmp_path / "jobs")  # docs/python.md's job, from the kernel's folder
+    kernel = Kernel(tmp_path)
+    try:
+        assert kernel.run(MODEL_CELL)[1] == "ok"
+        printed, reused = fitted(kernel, FIT_CELL, plain_fit, "notebook, cold")
+        assert "Epoch 1/2" in printed and "Epoch 2/2" in printed and "finished in" in printed, printed[-2000:]
+        assert "RayTrainWorker" not in printed and "cuda" not in printed.lower()  # held back, as on a terminal
+        assert not reused
+
+        trained, status = kernel.run(
+            doc_section("Use it from Python", "docs/python.md").split("```python\n")[1].split("```")[0]
+        )
+        assert status == "ok" and "on the warm workers (2 workers) kept from the last call" in trained, trained[-3000:]
+        printed, reused = fitted(kernel, FIT_CELL, plain_fit, "notebook, warm")
+        assert reused and "on the warm workers (2 workers) kept from the last call" in printed
+
+        one = FIT_CELL.replace("num_workers=2", "num_workers=1")
+        printed, reused = fitted(kernel, one, plain_fit, "notebook, 1 worker")
+        assert not reused and "replacing the warm workers (2 workers) with 1 worker" in printed, printed[-2000:]
+
+        long = one.replace("epochs=2", "epochs=500")
+        printed, status = kernel.run(long, interrupt_on="Epoch 3/500")
+        assert status == "error" and "KeyboardInterrupt" in printed and "Epoch 400/500" not in printed, printed[-2000:]
+        printed, reused = fitted(kernel, one, plain_fit, "notebook, after an interrupt")
+        assert not reused  # the interrupted run's workers were ended with it
+    finally:
+        kernel.close()
 
 
 def build_digits(batch_size):

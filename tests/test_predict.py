@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ import pytest
 import rayparallel
 from rayparallel.cli import main
 
-from .helpers import cli, doc_section
+from .helpers import cli, cli_env, doc_section
 
 
 def saved_weights(folder, builder: str, kwargs: dict, batch_size: int = 4) -> str:
@@ -83,6 +85,15 @@ def test_streams_equal_the_batch_1_loop_on_2_and_1_workers_with_an_mlflow_run_ne
     assert run.returncode == 0, run.stderr[-3000:]
     assert f"predicted {shape[0] * shape[1]} rows" in run.stdout and "8 streams on 2 workers" in run.stdout
     out = runs.cwd / "runs/co2-predict"
+    assert np.abs(by_stream(out, "change", shape) - expected).max() < 1e-5
+
+    # the same through Python (the page's script, run in that folder): the same rows again, overwritten
+    script = tmp_path / "predict_script.py"
+    script.write_text(doc_section("Predict", "docs/predict.md").split("```python\n")[1].split("```")[0])
+    again = subprocess.run(
+        [sys.executable, str(script)], cwd=runs.cwd, env=cli_env(runs.env), capture_output=True, text=True, timeout=600
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
     assert np.abs(by_stream(out, "change", shape) - expected).max() < 1e-5
 
     summary = json.loads((out / "predict.json").read_text())

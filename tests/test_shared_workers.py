@@ -21,5 +21,12 @@ def test_shared_workers_refuse_in_one_line_what_they_cannot_run_as_its_own_group
     assert shared.refusal(three) == "scaling.num_workers: expected 2 on shared workers, received 3"
     steps = load_spec(lstm_job("shared", "run.resume_every_n_steps=5"))
     assert shared.refusal(steps) == "run.resume_every_n_steps: expected None on shared workers, received 5"
+    restarts = load_spec(lstm_job("shared", "failure.max_failures=2"))
+    assert shared.refusal(restarts) == "failure.max_failures: expected 0 on shared workers, received 2"
+    gpus = load_spec(lstm_job("shared", "scaling.use_gpu=true", 'scaling.resources_per_worker={"CPU": 2}'))
+    assert shared.refusal(gpus) == "scaling.use_gpu: expected False on shared workers, received True"
+    shaped = SharedWorkers.for_job(gpus, "unused")
+    assert shaped.refusal(gpus) is None and shaped.described == "2 workers: a GPU each, {'CPU': 2} each"
+    assert SharedWorkers(1, "unused").described == "1 worker"
     with pytest.raises(RayParallelError, match="^--resume: expected a fresh run on shared workers, received a resume"):
         shared.check(load_spec(lstm_job("shared")), ResumePoint(2, "epoch 2", Path("."), []))

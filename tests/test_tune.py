@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import json
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +20,7 @@ import yaml
 import rayparallel
 from tests.models import lstm_job, ray_data_job, write_sine_streams
 
-from .helpers import REPO, cli
+from .helpers import RAYPARALLEL, REPO, cli, cli_env, doc_section
 
 pytestmark = pytest.mark.slow
 
@@ -106,31 +108,42 @@ def test_asha_sweep_one_parent_run_a_child_per_trial_best_exported(ray_address, 
     assert prediction.shape == (1, 5, 1) and np.isfinite(prediction).all()
 
 
-def test_interrupted_sweep_resumes_only_the_trials_that_did_not_finish(ray_address, tmp_path):
-    job = lstm_job("tune-resume", "scaling.num_workers=1", "train.epochs=2")
-    job["tune"] = {"params": {"model.kwargs.units": "grid(2, 3)"}, "max_concurrent": 1}  # one after the other
-    path, out = write_job(tmp_path, job), tmp_path / "sweep"
-    command = [sys.executable, "-m", "rayparallel.cli", "tune", str(path), "--output-dir", str(out)]
+def test_the_sweeps_page_runs_and_resumes_as_written(ray_address, tmp_path):
+    """docs/sweeps.md typed in a fresh folder holding `jobs/`: its sweep, interrupted (SIGINT, as Ctrl-C)
+    once its first trial finished, then resumed by its Python block, which runs only the other trial."""
+    folder = tmp_path / "work"
+    shutil.copytree(REPO / "jobs", folder / "jobs")
+    page = doc_section("Sweeps", "docs/sweeps.md")
+    command = shlex.split(page.split("```bash\n")[1].split("```")[0])
+    script = tmp_path / "resume_sweep.py"
+    script.write_text(page.split("```python\n")[1].split("```")[0])
+    env = cli_env({"RAY_ADDRESS": ray_address, "MLFLOW_TRACKING_URI": ""})  # MLflow's default store: folder/mlflow.db
+    out = folder / "runs/stateful-lstm-co2-tune"
     with open(tmp_path / "first.log", "w") as log:
-        first = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=log, env=_env(ray_address))
+        first = subprocess.Popen([RAYPARALLEL, *command[1:]], cwd=folder, stdout=log, stderr=log, env=env)
         finished = _wait_finished(out, first, count=1)  # the second trial is starting or training
         first.send_signal(signal.SIGINT)
         assert first.wait(timeout=120) == 130
     assert finished == ["trial-000"], (tmp_path / "first.log").read_text()[-3000:]
     kept = {trial: (out / trial / "result.json").stat().st_mtime_ns for trial in finished}
 
-    again = cli("tune", str(path), "--output-dir", str(out), "--resume", env={"RAY_ADDRESS": ray_address})
+    again = subprocess.run([sys.executable, str(script)], cwd=folder, env=env, capture_output=True, text=True)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "1 of 2 trials finished before; running the other 1" in again.stdout
     assert {trial: (out / trial / "result.json").stat().st_mtime_ns for trial in finished} == kept  # not rerun
     started = {line.split(":")[0] for line in again.stdout.splitlines() if ": started, " in line}
     assert started == {"trial-001"}
-    assert [r["status"] for r in rows(out)] == ["FINISHED"] * 2
+    table = rows(out)
+    assert [r["status"] for r in table] == ["FINISHED"] * 2
+    assert "model.kwargs.units=16" in table[0]["overrides"] and "model.kwargs.units=32" in table[1]["overrides"]
+    best = min(table, key=lambda r: float(r["best_val_loss"]))
+    printed = again.stdout.splitlines()[-1]  # the block's print: the best trial, its val_loss, the statuses
+    assert printed.startswith(f"{best['trial']} ") and printed.endswith(" ['FINISHED', 'FINISHED']"), printed
 
     from mlflow.tracking import MlflowClient
 
     plan = json.loads((out / "tune.json").read_text())
-    client = MlflowClient()  # the session's store (MLFLOW_TRACKING_URI)
+    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
     parent = client.get_run(plan["mlflow_parent_run_id"])
     assert parent.info.status == "FINISHED"
     children = client.search_runs(
@@ -186,12 +199,6 @@ def test_a_ray_data_sweep_checks_and_trains_every_trial_through_ray_data(ray_add
     )
     result = json.loads((out / "trial-000" / "result.json").read_text())
     assert len(result["workers"]) == 2 and np.isfinite(result["history"][-1]["val_loss"]), result
-
-
-def _env(ray_address: str) -> dict:
-    import os
-
-    return {**os.environ, "RAY_ADDRESS": ray_address}
 
 
 def _wait_finished(out, process, count: int, timeout: float = 600) -> list[str]:

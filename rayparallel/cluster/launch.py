@@ -318,8 +318,8 @@ def _run_with_progress(
                 show(RunWarning(stalled))
             if not thread.is_alive():
                 return outcome.get("error")
-    except KeyboardInterrupt:
-        abort_training(controller, thread)
+    except KeyboardInterrupt:  # a shared group's workers would go on with this run: its controller ends them
+        abort_training(controller or getattr(trainer, "controller", lambda: None)(), thread)
         raise
 
 

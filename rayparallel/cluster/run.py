@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ..result import TrainResult
     from ..spec import JobSpec
     from .preflight import Preflight
+    from .run_state import RunPlan
     from .shared_workers import SharedWorkers
 
 
@@ -133,11 +134,12 @@ def run_job(
     started_at: float | None = None,
     on_epoch: Callable[[int, dict], str | None] | None = None,
     workers: SharedWorkers | None = None,
+    warm: bool = False,
 ) -> TrainResult:
     """Train the job (`spec` with `overrides`) into `output_dir` (default `runs/<name>`): see
     `rayparallel.train` and the module doc. `started_at` is the start-up clock's origin (the
     CLI's: when its process started); `on_epoch` sees every epoch's logs here and may end the run;
-    `workers` runs it on a worker group kept up for several runs (`shared_workers`)."""
+    `workers` runs it on a worker group kept for several runs (`shared_workers`), `warm` on this process's."""
     from .connect import check_capacity_where_known
     from .launch import Launch, launch, shared_with_workers
     from .run_state import plan_run
@@ -149,14 +151,13 @@ def run_job(
     job = load_spec(spec, overrides)
     output_dir = Path(output_dir if output_dir is not None else Path("runs") / job.name).resolve()
     plan = plan_run(job, overrides, output_dir, resume)
-    if workers is not None:
-        workers.check(plan.spec, plan.point)
     if plan.changed:
         printer(verbose)(
             f"rayparallel: resuming the job recorded in {output_dir / 'job.yaml'}, not the given one, which differs "
             f"in {', '.join(plan.changed)}"
         )
-    checks = start_checks(plan.spec, worker_logs, working_dir, marks)
+    checks = start_checks(plan.spec, worker_logs, working_dir, marks)  # beside Ray's start, when it starts here
+    workers = workers_for_run(plan, workers, warm, worker_logs, verbose, marks)
     with ray_session(plan.spec, worker_logs) as whole_cluster:
         marks["ray_ready"] = time.time()
         check_capacity_where_known(plan.spec, whole_cluster, printer(verbose))
@@ -182,6 +183,22 @@ def run_job(
         )
         del checks  # the driver keeps no copy of a loader's arrays: they are in the object store
         return launch(run)
+
+
+def workers_for_run(
+    plan: RunPlan, workers: SharedWorkers | None, warm: bool, worker_logs: bool, verbose: bool, marks: dict
+) -> SharedWorkers | None:
+    """The shared group the run goes to: the one given (checked to fit), else with `warm` the group this
+    process keeps (`warm_workers`, marked `workers_reused` when it ran a run before); None: its own group."""
+    from .warm_workers import workers_for
+
+    if workers is not None:
+        workers.check(plan.spec, plan.point)
+        return workers
+    workers = workers_for(plan.spec, plan.point, worker_logs, printer(verbose)) if warm else None
+    if workers is not None and workers.runs:
+        marks["workers_reused"] = time.time()
+    return workers
 
 
 def checks_waiting(job: JobSpec) -> str:

@@ -11,9 +11,10 @@ collective before every worker has made the run's strategy (the barrier in `work
 
 What a shared group cannot do is refused in one line (`check`): another worker count or
 resources, Ray Data (a group's datasets are fixed when it starts), elastic scaling, resume
-points (each run's epochs would be named alike in the group's one Ray Train run). A run
-that fails ends the group (a failed collective leaves TensorFlow unusable in its
-processes); the next run starts a new one.
+points (each run's epochs would be named alike in the group's one Ray Train run), restarts
+after a failure (Ray Train would restart the group, not the run). A run that fails ends the
+group (a failed collective leaves TensorFlow unusable in its processes), and so does an
+abort (Ctrl-C: the workers stop mid-run); the next run starts a new one.
 """
 
 from __future__ import annotations
@@ -29,9 +30,13 @@ from typing import TYPE_CHECKING
 
 import ray
 
+from ..console import plural
 from ..errors import RayParallelError
 
 if TYPE_CHECKING:
+    from ray.actor import ActorHandle
+
+    from ..recorder.events import ControllerStarted
     from ..spec import JobSpec
     from .run_state import ResumePoint
 
@@ -44,6 +49,7 @@ class RunQueue:
         self.configs: list[dict | None] = []
         self.finished: dict[int, set[int]] = {}
         self.changed = asyncio.Condition()
+        self._controller: ActorHandle | None = None
 
     async def put(self, config: dict | None) -> int:
         async with self.changed:
@@ -60,6 +66,13 @@ class RunQueue:
         async with self.changed:
             self.finished.setdefault(index, set()).add(rank)
             self.changed.notify_all()
+
+    def announce(self, event: ControllerStarted) -> None:
+        """The group's Ray Train controller (`ControllerAnnounced`), which `controller` hands to an abort."""
+        self._controller = event.handle
+
+    def controller(self) -> ActorHandle | None:
+        return self._controller
 
     async def wait_done(self, index: int, workers: int, timeout_s: float) -> bool:
         """Whether every worker finished run `index` within `timeout_s` (the caller polls)."""
@@ -88,14 +101,41 @@ def serve_runs(config: dict) -> None:
 
 class SharedWorkers:
     """A worker group of `num_workers` kept up for the runs given to `rayparallel.cluster.run.run_job(...,
-    workers=...)`; `close()` ends it. Its Ray Train run keeps no checkpoints (the runs keep theirs)."""
+    workers=...)`: the runs whose `scaling` asks for these workers (`use_gpu`, `resources_per_worker`);
+    `close()` ends it. `held_per_worker`: what each worker holds while it waits, when not what the jobs ask
+    (the tests' group holds half a CPU). Its Ray Train run keeps no checkpoints (the runs keep theirs)."""
 
-    def __init__(self, num_workers: int, storage_path: str, resources_per_worker: dict | None = None):
-        self.num_workers, self.storage_path = num_workers, storage_path
-        self.resources_per_worker = resources_per_worker or {"CPU": 1}  # what each held worker asks Ray for
+    def __init__(
+        self,
+        num_workers: int,
+        storage_path: str,
+        resources_per_worker: dict | None = None,
+        use_gpu: bool = False,
+        held_per_worker: dict | None = None,
+    ):
+        self.num_workers, self.storage_path, self.use_gpu = num_workers, storage_path, use_gpu
+        self.resources_per_worker = resources_per_worker or {}  # as the jobs ask (scaling.resources_per_worker)
+        self.held_per_worker = held_per_worker or resources_per_worker  # None: Ray Train's default
         self._queue = None
         self._thread: threading.Thread | None = None
         self._outcome: dict = {}
+        self.runs = 0  # handed to the group since it started
+
+    @classmethod
+    def for_job(cls, spec: JobSpec, storage_path: str) -> SharedWorkers:
+        """A group shaped for the job's `scaling`."""
+        scaling = spec.scaling
+        return cls(scaling.num_workers, storage_path, scaling.resources_per_worker or None, scaling.use_gpu)
+
+    @property
+    def described(self) -> str:
+        """`2 workers`, `2 workers: a GPU each`, `2 workers: a GPU each, {'CPU': 2} each`."""
+        each = ["a GPU each"] * self.use_gpu + [f"{self.resources_per_worker} each"] * bool(self.resources_per_worker)
+        return plural(self.num_workers, "worker") + (f": {', '.join(each)}" if each else "")
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     def refusal(self, spec: JobSpec) -> str | None:
         """Why the job cannot run on these workers as on a group of its own, in one line; None when it can."""
@@ -103,10 +143,11 @@ class SharedWorkers:
         found = {
             "scaling.num_workers": (scaling.num_workers, self.num_workers),
             "scaling.elastic": (scaling.elastic, False),
-            "scaling.use_gpu": (scaling.use_gpu, False),
-            "scaling.resources_per_worker": (scaling.resources_per_worker or {}, {}),
+            "scaling.use_gpu": (scaling.use_gpu, self.use_gpu),
+            "scaling.resources_per_worker": (scaling.resources_per_worker or {}, self.resources_per_worker),
             "data.dataset": (spec.data.dataset, None),
             "run.resume_every_n_steps": (spec.run.resume_every_n_steps, None),
+            "failure.max_failures": (spec.failure.max_failures, 0),
         }
         for key, (received, expected) in found.items():
             if received != expected:
@@ -125,9 +166,11 @@ class SharedWorkers:
 
     def run(self, train_loop_config: dict) -> SharedRun:
         """One run's worker loops on the group (started now when none is up); `fit()` runs them."""
-        if self._thread is None or not self._thread.is_alive():
-            self._start()
-        return SharedRun(functools.partial(self._train, dict(train_loop_config, resume_points=False)))
+        if not self.alive:
+            self.start()
+        self.runs += 1
+        config = dict(train_loop_config, resume_points=False)
+        return SharedRun(functools.partial(self._train, config), lambda: ray.get(self._queue.controller.remote()))
 
     def _train(self, config: dict) -> None:
         """Hand the run to every worker, and wait (polling whether the group still lives) until all are done."""
@@ -137,28 +180,34 @@ class SharedWorkers:
                 raise self._outcome.get("error") or RuntimeError("the shared worker group ended")
 
     def close(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
+        """Let the workers finish the run in hand, then end the group (its processes and their resources)."""
+        if self.alive and ray.is_initialized():
             ray.get(self._queue.put.remote(None))
             self._thread.join(timeout=120)
         self._thread = None
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Start the group now (its workers import TensorFlow while the driver goes on); `run` waits for it."""
         from ray.train import CheckpointConfig, RunConfig, ScalingConfig
         from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
         from ..hooks import env_defaults
+        from .abort import ControllerAnnounced
         from .backend import TensorflowBackendConfig
 
-        self._queue, self._outcome = RunQueue.remote(), {}
+        self._queue, self._outcome, self.runs = RunQueue.remote(), {}, 0
         trainer = DataParallelTrainer(
             serve_runs,
             backend_config=TensorflowBackendConfig(),
             train_loop_config={"queue": self._queue},
-            scaling_config=ScalingConfig(num_workers=self.num_workers, resources_per_worker=self.resources_per_worker),
+            scaling_config=ScalingConfig(
+                num_workers=self.num_workers, use_gpu=self.use_gpu, resources_per_worker=self.held_per_worker
+            ),
             run_config=RunConfig(
                 name=f"rayparallel-shared-{uuid.uuid4().hex[:8]}",
                 storage_path=self.storage_path,
                 checkpoint_config=CheckpointConfig(num_to_keep=None),
+                callbacks=[ControllerAnnounced(self._queue)],  # its handle, for an abort (`SharedRun.controller`)
             ),
         )
         outcome = self._outcome
@@ -178,6 +227,8 @@ class SharedWorkers:
 @dataclass(frozen=True)
 class SharedRun:
     """One run on shared workers, shaped as Ray Train's trainer for `launch`: `fit()` blocks until its
-    worker loops end, and raises what Ray Train raised when one failed."""
+    worker loops end, and raises what Ray Train raised when one failed; `controller()` is the group's
+    Ray Train controller (None before it started), which an abort ends with the group."""
 
     fit: Callable[[], None]
+    controller: Callable[[], ActorHandle | None]

@@ -23,7 +23,7 @@ from ..cluster.stall import warned_while
 from ..console import Say, plural, printer
 from ..errors import RayParallelError
 from ..spec import SpecSource, load_spec
-from ..spec.references import reference_name
+from ..spec.references import add_search_path, reference_name
 from . import output
 from .source import Rows, dataset_of, find_rows
 
@@ -76,10 +76,11 @@ def predict(
 
     The rows: the loader's `x_predict` (`split="val"`: `x_val`), or `data.predict_dataset`
     (`data.val_dataset`), or the arrays `x` (as `fit` takes them; for a `rayparallel.fit` run, pass its
-    `job.yaml`). `weights`: a weights file or a checkpoint folder (its best), as `export` takes them. With `layout: streams` each worker carries its streams' states window
-    after window, from zero states (`continue_states=True`: from the end of the loader's
-    x_train); other rows go through Ray Data to a pool of replicas, keyed by their row (or the
-    dataset's id columns). Also written: `out/predict.json`, and an MLflow run.
+    `job.yaml`). `weights`: a weights file or a checkpoint folder (its best), as `export` takes them. With
+    `layout: streams` each worker carries its streams' states window after window, from zero states
+    (`continue_states=True`: from the end of the loader's x_train); other rows go through Ray Data to a
+    pool of replicas, keyed by their row (or the dataset's id columns). Also written: `out/predict.json`,
+    and an MLflow run. The job's modules import from the working directory, as on the command line.
 
     Examples:
         >>> result = rayparallel.predict("jobs/stateful_lstm.yaml", weights="runs/stateful-lstm-co2/checkpoints",  # doctest: +SKIP
@@ -88,14 +89,13 @@ def predict(
     """
     from ..cluster.run import source_of
 
-    say = printer(verbose)
-    working_dir = os.getcwd()  # before Ray: inside `ray job submit` the working directory may go once it connects
+    say, working_dir = printer(verbose), os.getcwd()  # before Ray: in `ray job submit` the cwd may go once it connects
+    add_search_path([working_dir])
     source_name = source_of(spec)
     job = load_spec(spec, list(overrides))
     if use_gpu is not None:
         job = replace(job, scaling=replace(job.scaling, use_gpu=use_gpu))
-    out = Path(out).resolve()
-    output.check_folder(out, overwrite)
+    output.check_folder(out := Path(out).resolve(), overwrite)
     with contextlib.ExitStack() as ray_up:
         # a loader is called before Ray (inside `ray job submit` the working directory may go once the
         # driver connects); a Ray Data function needs Ray first, or Ray Data starts (or joins) one itself

@@ -143,6 +143,16 @@ class Kernel:
         self.manager.shutdown_kernel(now=True)
 
 
+def wait_for(condition, timeout: float) -> bool:
+    """Whether `condition()` came true within `timeout` seconds (polled)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
 RESULT_CELL = "print('RESULT', result.final_weights, 'workers_reused' in result.startup, len(result.workers))"
 
 
@@ -164,6 +174,8 @@ def test_a_notebook_keeps_its_workers_warm_and_every_fit_equals_fit(ray_address,
     """README's cells in a real Jupyter kernel: the console's lines are the cell's output (the workers' own
     logs held back); the next fit (and docs/python.md's `train` between them) runs on the workers kept
     warm; another worker count replaces them; a fit interrupted in the kernel leaves the next one working."""
+    import ray
+
     monkeypatch.setenv("RAY_ADDRESS", ray_address)  # the kernel joins this session's Ray
     monkeypatch.delenv("RAYPARALLEL_WARM_WORKERS")  # as a user's kernel: warm workers on
     shutil.copytree(REPO / "jobs", tmp_path / "jobs")  # docs/python.md's job, from the kernel's folder
@@ -191,6 +203,11 @@ def test_a_notebook_keeps_its_workers_warm_and_every_fit_equals_fit(ray_address,
         assert status == "error" and "KeyboardInterrupt" in printed and "Epoch 400/500" not in printed, printed[-2000:]
         printed, reused = fitted(kernel, one, plain_fit, "notebook, after an interrupt")
         assert not reused  # the interrupted run's workers were ended with it
+
+        held = ray.available_resources().get("CPU", 0)
+        shutdown = doc_section("The next fit starts in seconds: warm workers", "docs/notebook.md")
+        assert kernel.run(shutdown.split("```python\n")[1].split("```")[0]) == ("", "ok")
+        assert wait_for(lambda: ray.available_resources().get("CPU", 0) == held + 1, 60)  # the worker's CPU back
     finally:
         kernel.close()
 

@@ -185,3 +185,23 @@ def test_shipped_jobs_are_valid_specs():
     for path in sorted(Path(__file__).resolve().parents[1].glob("jobs/*.yaml")):
         spec = load_spec(path)
         assert spec.name and spec.train.global_batch_size % spec.scaling.num_workers == 0
+
+
+def test_a_builder_given_by_value_reaches_the_recorder_unpickled_only_when_called():
+    """The recorder's copy of a notebook builder (`Deferred`) is named as the builder and pickles as bytes:
+    unpickling it imports nothing of what the builder imports, calling it builds what the builder builds."""
+    import pickle
+    import sys
+
+    from rayparallel.spec.references import Deferred, deferred, reference_name
+
+    namespace: dict = {"__name__": "notebook_cell"}
+    exec("import colorsys\n\ndef build(batch_size):\n    return colorsys.rgb_to_hsv(batch_size, 0, 0)\n", namespace)
+    sent = pickle.dumps(deferred(namespace["build"]))
+    sys.modules.pop("colorsys", None)  # as TensorFlow in the recorder's new process: not imported yet
+    copy = pickle.loads(sent)
+    assert isinstance(copy, Deferred) and reference_name(copy) == "notebook_cell:build"
+    assert "colorsys" not in sys.modules
+    assert copy(batch_size=1) == (0.0, 1.0, 1) and "colorsys" in sys.modules
+    assert deferred("jobs.stateful_lstm:build_model") == "jobs.stateful_lstm:build_model"
+    assert pickle.loads(pickle.dumps(copy))._function is None  # the function itself never travels

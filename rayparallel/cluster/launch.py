@@ -37,6 +37,7 @@ from ..recorder.journal import JOURNAL
 from ..result import RunSummary, TrainResult
 from ..secrets import mask
 from ..spec import JobSpec
+from ..spec.references import deferred
 from ..startup import relative
 from ..tracking.mlflow_run import TrackingSettings
 from ..tracking.store import source_tags, tracking_uri_as_set
@@ -169,7 +170,7 @@ def _start_recorder(run: Launch) -> ActorHandle:
         max_restarts=RECORDER_RESTARTS,  # a lost process comes back, and the calls it was in are made again
         max_task_retries=-1,
     ).remote(
-        spec,
+        replace(spec, model=replace(spec.model, builder=deferred(spec.model.builder))),  # no TF import to be up
         str(checkpoint_dir(spec, run.output_dir)),
         run.search_path,
         str(run.output_dir / JOURNAL),

@@ -81,6 +81,37 @@ def named(tree: Any) -> Any:
     return f"{type(tree).__module__}:{type(tree).__qualname__}"  # an object: its class
 
 
+class Deferred:
+    """A function given by value (a notebook's builder), kept pickled until it is first called.
+
+    Unpickling a builder imports what its module imported (Keras, so TensorFlow: 5 s on 2 cores).
+    The run's recorder only names the builder until it builds a model for its first save, so its
+    copy of the spec holds the builder this way, and it is ready (and answers the workers' first
+    calls) without that import.
+    """
+
+    def __init__(self, function: Callable):
+        from ray import cloudpickle
+
+        self.__module__, self.__qualname__ = function.__module__, function.__qualname__  # for `reference_name`
+        self.pickled, self._function = cloudpickle.dumps(function), None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._function is None:
+            from ray import cloudpickle
+
+            self._function = cloudpickle.loads(self.pickled)
+        return self._function(*args, **kwargs)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_function": None}
+
+
+def deferred(ref: Reference) -> Reference:
+    """`ref` with a function given by value as a `Deferred` (a name stays as it is)."""
+    return ref if isinstance(ref, str) or isinstance(ref, Deferred) else Deferred(ref)
+
+
 def check_picklable(ref: Reference, key: str) -> None:
     """A function given itself must reach the workers by value: one line naming what could not be pickled."""
     if isinstance(ref, str):

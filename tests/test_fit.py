@@ -156,17 +156,18 @@ def wait_for(condition, timeout: float) -> bool:
 RESULT_CELL = "print('RESULT', result.final_weights, 'workers_reused' in result.startup, len(result.workers))"
 
 
-def fitted(kernel: Kernel, cell: str, plain_fit, label: str) -> tuple[str, bool]:
+def fitted(kernel: Kernel, cell: str, plain_fit, label: str) -> tuple[str, bool, list]:
     """Run a fit cell; its weights equal Keras `fit`'s (compared now: the next fit moves them aside).
-    Returns what it printed and whether it ran on the workers kept warm from the call before."""
+    Returns what it printed, whether it ran on the workers kept warm from the call before, its weights."""
     printed, status = kernel.run(cell)
     assert status == "ok", printed[-3000:]
     path, reused, workers = kernel.run(RESULT_CELL)[0].split()[1:]
     model = rayparallel.load_model(Path(path).parent, batch_size=1)  # `Halve` is not defined here: it came by value
-    error = max_relative_error(final_weights(path, lambda batch_size: model), plain_fit[0])
+    weights = final_weights(path, lambda batch_size: model)
+    error = max_relative_error(weights, plain_fit[0])
     print(f"{label}: rayparallel.fit on {workers} workers vs Keras fit, max relative weight error {error:.2e}")
     assert error < 1e-5 and type(model.layers[1]).__name__ == "Halve" and model.inputs[0].shape[0] == 1
-    return printed, reused == "True"
+    return printed, reused == "True", weights
 
 
 @pytest.mark.slow
@@ -182,7 +183,7 @@ def test_a_notebook_keeps_its_workers_warm_and_every_fit_equals_fit(ray_address,
     kernel = Kernel(tmp_path)
     try:
         assert kernel.run(MODEL_CELL)[1] == "ok"
-        printed, reused = fitted(kernel, FIT_CELL, plain_fit, "notebook, cold")
+        printed, reused, cold = fitted(kernel, FIT_CELL, plain_fit, "notebook, cold")
         assert "Epoch 1/2" in printed and "Epoch 2/2" in printed and "finished in" in printed, printed[-2000:]
         assert "RayTrainWorker" not in printed and "cuda" not in printed.lower()  # held back, as on a terminal
         assert not reused
@@ -191,17 +192,18 @@ def test_a_notebook_keeps_its_workers_warm_and_every_fit_equals_fit(ray_address,
             doc_section("Use it from Python", "docs/python.md").split("```python\n")[1].split("```")[0]
         )
         assert status == "ok" and "on the warm workers (2 workers) kept from the last call" in trained, trained[-3000:]
-        printed, reused = fitted(kernel, FIT_CELL, plain_fit, "notebook, warm")
+        printed, reused, warm = fitted(kernel, FIT_CELL, plain_fit, "notebook, warm")
+        assert all(np.array_equal(a, b) for a, b in zip(cold, warm, strict=True))  # nothing of a run leaks
         assert reused and "on the warm workers (2 workers) kept from the last call" in printed
 
         one = FIT_CELL.replace("num_workers=2", "num_workers=1")
-        printed, reused = fitted(kernel, one, plain_fit, "notebook, 1 worker")
+        printed, reused, _ = fitted(kernel, one, plain_fit, "notebook, 1 worker")
         assert not reused and "replacing the warm workers (2 workers) with 1 worker" in printed, printed[-2000:]
 
         long = one.replace("epochs=2", "epochs=500")
         printed, status = kernel.run(long, interrupt_on="Epoch 3/500")
         assert status == "error" and "KeyboardInterrupt" in printed and "Epoch 400/500" not in printed, printed[-2000:]
-        printed, reused = fitted(kernel, one, plain_fit, "notebook, after an interrupt")
+        printed, reused, _ = fitted(kernel, one, plain_fit, "notebook, after an interrupt")
         assert not reused  # the interrupted run's workers were ended with it
 
         held = ray.available_resources().get("CPU", 0)

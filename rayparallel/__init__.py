@@ -4,7 +4,7 @@
 >>> result = rayparallel.train("jobs/stateful_lstm.yaml", overrides=["train.epochs=2"])  # doctest: +SKIP
 """
 
-from .api import fit, shutdown, train, tune, validate
+from .api import Workers, fit, shutdown, train, tune, validate
 from .checkpoint.export import Exported, export, load_model
 from .errors import RayParallelError
 from .inference.output import read_predictions
@@ -21,6 +21,7 @@ __all__ = [
     "tune",
     "validate",
     "shutdown",
+    "Workers",
     "predict",
     "read_predictions",
     "serve",

@@ -193,6 +193,49 @@ def tune(
     return run_sweep(job, settings, out, resume=resume, verbose=verbose, worker_logs=worker_logs)
 
 
+class Workers:
+    """The worker group that `fit` and `train` keep warm, started now rather than by the first call.
+
+    Its workers start (and import TensorFlow) while the next cells run; every `fit` or `train` that
+    asks for these workers (`num_workers`, `use_gpu`, `scaling.resources_per_worker`) then runs on
+    them. It replaces the group kept before, if another. `close()`, or the end of a `with` block,
+    ends it; `shutdown()` ends it and the local Ray.
+
+    Examples:
+        >>> workers = rayparallel.Workers(num_workers=2)  # doctest: +SKIP
+        >>> x, y = load_my_arrays()  # meanwhile, the workers start  # doctest: +SKIP
+        >>> result = rayparallel.fit(build, x, y, batch_size=64, num_workers=2)  # on them  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        num_workers: int = 2,
+        *,
+        use_gpu: bool = False,
+        resources_per_worker: dict[str, float] | None = None,
+        verbose: bool = True,
+    ):
+        from .cluster.warm_workers import start
+        from .console import printer
+
+        self._group = start(num_workers, use_gpu, resources_per_worker, printer(verbose))
+        self.described = self._group.described  # `2 workers`, as the console says it
+
+    def close(self) -> None:
+        from .cluster.warm_workers import release
+
+        release(self._group)
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Workers({self.described}{'' if self._group.alive else ', closed'})"
+
+
 def shutdown() -> None:
     """Release the worker group that `train` and `fit` keep warm, and the local Ray they started.
 

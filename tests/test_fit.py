@@ -174,7 +174,8 @@ def fitted(kernel: Kernel, cell: str, plain_fit, label: str) -> tuple[str, bool,
 def test_a_notebook_keeps_its_workers_warm_and_every_fit_equals_fit(ray_address, tmp_path, plain_fit, monkeypatch):
     """README's cells in a real Jupyter kernel: the console's lines are the cell's output (the workers' own
     logs held back); the next fit (and docs/python.md's `train` between them) runs on the workers kept
-    warm; another worker count replaces them; a fit interrupted in the kernel leaves the next one working."""
+    warm; another worker count replaces them; a fit interrupted in the kernel leaves the next one working, on
+    workers started ahead (`rayparallel.Workers`); `rayparallel.shutdown()` gives their CPU back."""
     import ray
 
     monkeypatch.setenv("RAY_ADDRESS", ray_address)  # the kernel joins this session's Ray
@@ -191,10 +192,10 @@ def test_a_notebook_keeps_its_workers_warm_and_every_fit_equals_fit(ray_address,
         trained, status = kernel.run(
             doc_section("Use it from Python", "docs/python.md").split("```python\n")[1].split("```")[0]
         )
-        assert status == "ok" and "on the warm workers (2 workers) kept from the last call" in trained, trained[-3000:]
+        assert status == "ok" and "on the warm workers (2 workers)\n" in trained, trained[-3000:]
         printed, reused, warm = fitted(kernel, FIT_CELL, plain_fit, "notebook, warm")
         assert all(np.array_equal(a, b) for a, b in zip(cold, warm, strict=True))  # nothing of a run leaks
-        assert reused and "on the warm workers (2 workers) kept from the last call" in printed
+        assert reused and "on the warm workers (2 workers)\n" in printed
 
         one = FIT_CELL.replace("num_workers=2", "num_workers=1")
         printed, reused, _ = fitted(kernel, one, plain_fit, "notebook, 1 worker")
@@ -203,12 +204,20 @@ def test_a_notebook_keeps_its_workers_warm_and_every_fit_equals_fit(ray_address,
         long = one.replace("epochs=2", "epochs=500")
         printed, status = kernel.run(long, interrupt_on="Epoch 3/500")
         assert status == "error" and "KeyboardInterrupt" in printed and "Epoch 400/500" not in printed, printed[-2000:]
-        printed, reused, _ = fitted(kernel, one, plain_fit, "notebook, after an interrupt")
-        assert not reused  # the interrupted run's workers were ended with it
+        # the interrupted run's workers were ended with it: docs/notebook.md starts the next ones ahead
+        started, shutdown = (
+            block.split("```")[0]
+            for block in doc_section("The next fit starts in seconds: warm workers", "docs/notebook.md").split(
+                "```python\n"
+            )[1:]
+        )
+        assert kernel.run(started) == ("", "ok")
+        assert kernel.run("print(workers)")[0] == "Workers(1 worker)\n"
+        printed, reused, _ = fitted(kernel, one, plain_fit, "notebook, after an interrupt, workers started ahead")
+        assert reused and "on the warm workers (1 worker)\n" in printed
 
         held = ray.available_resources().get("CPU", 0)
-        shutdown = doc_section("The next fit starts in seconds: warm workers", "docs/notebook.md")
-        assert kernel.run(shutdown.split("```python\n")[1].split("```")[0]) == ("", "ok")
+        assert kernel.run(shutdown) == ("", "ok")
         assert wait_for(lambda: ray.available_resources().get("CPU", 0) == held + 1, 60)  # the worker's CPU back
     finally:
         kernel.close()

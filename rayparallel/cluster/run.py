@@ -157,7 +157,7 @@ def run_job(
             f"in {', '.join(plan.changed)}"
         )
     checks = start_checks(plan.spec, worker_logs, working_dir, marks)  # beside Ray's start, when it starts here
-    workers = workers_for_run(plan, workers, warm, worker_logs, verbose, marks)
+    workers = workers_for_run(plan, workers, warm, worker_logs, verbose, marks, started_at)
     with ray_session(plan.spec, worker_logs) as whole_cluster:
         marks["ray_ready"] = time.time()
         check_capacity_where_known(plan.spec, whole_cluster, printer(verbose))
@@ -186,17 +186,24 @@ def run_job(
 
 
 def workers_for_run(
-    plan: RunPlan, workers: SharedWorkers | None, warm: bool, worker_logs: bool, verbose: bool, marks: dict
+    plan: RunPlan,
+    workers: SharedWorkers | None,
+    warm: bool,
+    worker_logs: bool,
+    verbose: bool,
+    marks: dict,
+    since: float,
 ) -> SharedWorkers | None:
     """The shared group the run goes to: the one given (checked to fit), else with `warm` the group this
-    process keeps (`warm_workers`, marked `workers_reused` when it ran a run before); None: its own group."""
+    process keeps (`warm_workers`, marked `workers_reused` when it started before the call, `since`);
+    None: a group of its own."""
     from .warm_workers import workers_for
 
     if workers is not None:
         workers.check(plan.spec, plan.point)
         return workers
     workers = workers_for(plan.spec, plan.point, worker_logs, printer(verbose)) if warm else None
-    if workers is not None and workers.runs:
+    if workers is not None and workers.started_at < since:
         marks["workers_reused"] = time.time()
     return workers
 

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import functools
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -119,7 +120,7 @@ class SharedWorkers:
         self._queue = None
         self._thread: threading.Thread | None = None
         self._outcome: dict = {}
-        self.runs = 0  # handed to the group since it started
+        self.started_at = float("inf")  # when `start` started it (unix time)
 
     @classmethod
     def for_job(cls, spec: JobSpec, storage_path: str) -> SharedWorkers:
@@ -168,7 +169,6 @@ class SharedWorkers:
         """One run's worker loops on the group (started now when none is up); `fit()` runs them."""
         if not self.alive:
             self.start()
-        self.runs += 1
         config = dict(train_loop_config, resume_points=False)
         return SharedRun(functools.partial(self._train, config), lambda: ray.get(self._queue.controller.remote()))
 
@@ -195,7 +195,7 @@ class SharedWorkers:
         from .abort import ControllerAnnounced
         from .backend import TensorflowBackendConfig
 
-        self._queue, self._outcome, self.runs = RunQueue.remote(), {}, 0
+        self._queue, self._outcome, self.started_at = RunQueue.remote(), {}, time.time()
         trainer = DataParallelTrainer(
             serve_runs,
             backend_config=TensorflowBackendConfig(),

@@ -10,8 +10,10 @@ the warm group has given back its resources.
 
 The group holds its workers' CPUs (or GPUs) while it waits, and Ray must outlive each run for
 it: the session starts the local Ray itself (when no cluster is joined) and keeps it.
-`rayparallel.shutdown()`, or the end of the process, releases both. `RAYPARALLEL_WARM_WORKERS=0`
-turns this off: every call then starts and ends its own group, as the command line does.
+`rayparallel.shutdown()`, or the end of the process, releases both. `rayparallel.Workers` starts
+the group before the first call (its workers import TensorFlow while the user's cells run).
+`RAYPARALLEL_WARM_WORKERS=0` turns the keeping off: a call then starts and ends its own group, as
+the command line does, unless a `Workers` group fits it.
 """
 
 from __future__ import annotations
@@ -41,28 +43,45 @@ def enabled() -> bool:
 
 def workers_for(job: JobSpec, point: ResumePoint | None, worker_logs: bool, say: Say) -> SharedWorkers | None:
     """The session's group for the job (kept, or started now in place of another); None when the job runs
-    on a group of its own (it cannot run on a shared one, or the session keeps none)."""
-    if not enabled():
-        return None
+    on a group of its own (it cannot run on a shared one, or warm workers are off and none was started)."""
     with _lock:
         kept: SharedWorkers | None = _session["workers"]
-        _join_ray(job, worker_logs)
-        wanted = SharedWorkers.for_job(job, _storage())
+        if kept is not None and kept.alive and point is None and kept.refusal(job) is None:
+            say(f"rayparallel: on the warm workers ({kept.described})")
+            return kept
+        wanted = SharedWorkers.for_job(job, storage_path="")  # its storage is made when it starts
         reason = "a resumed run" if point is not None else wanted.refusal(job)
-        if reason:
+        if reason or not enabled():
             if kept is not None and kept.alive:
                 say(f"rayparallel: closing the warm workers ({kept.described}): this run needs its own ({reason})")
             _close_kept()
             return None
-        if kept is not None and kept.refusal(job) is None and kept.alive:
-            say(f"rayparallel: on the warm workers ({kept.described}) kept from the last call")
-            return kept
-        if kept is not None and kept.alive:
-            say(f"rayparallel: replacing the warm workers ({kept.described}) with {wanted.described}")
-        _close_kept()
-        _session["workers"] = wanted
-        wanted.start()  # beside the driver's checks: the workers import TensorFlow meanwhile
-        return wanted
+        _join_ray(worker_logs)
+        return _keep(wanted, say)
+
+
+def start(num_workers: int, use_gpu: bool, resources_per_worker: dict | None, say: Say) -> SharedWorkers:
+    """A group started now as the session's, for the calls to come (`rayparallel.Workers`)."""
+    with _lock:
+        _join_ray(worker_logs=False)
+        return _keep(SharedWorkers(num_workers, "", resources_per_worker, use_gpu), say)
+
+
+def release(workers: SharedWorkers) -> None:
+    """End `workers` (a `rayparallel.Workers` block's end); the session's Ray stays up."""
+    with _lock:
+        if _session["workers"] is workers:
+            _close_kept()
+
+
+def _keep(wanted: SharedWorkers, say: Say) -> SharedWorkers:
+    kept = _session["workers"]
+    if kept is not None and kept.alive:
+        say(f"rayparallel: replacing the warm workers ({kept.described}) with {wanted.described}")
+    _close_kept()
+    _session["workers"], wanted.storage_path = wanted, _storage()
+    wanted.start()  # beside the driver's checks (or the user's next cells): the workers import TensorFlow
+    return wanted
 
 
 def shutdown() -> None:
@@ -89,7 +108,7 @@ def _close_kept() -> None:
             kept.close()
 
 
-def _join_ray(job: JobSpec, worker_logs: bool) -> None:
+def _join_ray(worker_logs: bool) -> None:
     """Ray for the session: the one this process joined, the cluster in RAY_ADDRESS, else a local Ray
     started here that the session keeps (with a CPU beside the workers, in case a Ray Data job comes)."""
     import ray

@@ -53,10 +53,11 @@ def train(
     Joins the Ray cluster this process is connected to (or `RAY_ADDRESS`), else starts a
     local Ray. The run's worker group stays up for the next `train` or `fit` of this process
     that asks for the same workers (`scaling`), which then starts in seconds; `shutdown()`
-    releases it (and the local Ray), as the end of the process does. `resume=True` continues the run recorded
-    in `output_dir` from its last completed epoch, `False` starts fresh, `None` (default)
-    resumes only a run that did not finish. `worker_logs=True` shows the workers' own
-    output (TensorFlow, Ray Train), which is otherwise held back.
+    releases it (and the local Ray), as the end of the process does (see `Workers`).
+    `resume=True` continues the run recorded in `output_dir` from its last completed epoch,
+    `False` starts fresh, `None` (default) resumes only a run that did not finish.
+    `worker_logs=True` shows the workers' own output (TensorFlow, Ray Train), which is
+    otherwise held back.
 
     Examples:
         >>> import rayparallel

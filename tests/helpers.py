@@ -53,7 +53,7 @@ def train_shared(shared, spec, overrides=(), **kwargs):
     job = load_spec(spec, list(overrides))
     if shared.refusal(job) is None:
         return run_job(spec, overrides=list(overrides), workers=shared, **kwargs)
-    held = shared.num_workers * shared.resources_per_worker["CPU"]
+    held = shared.num_workers * shared.held_per_worker["CPU"]
     if job.scaling.num_workers + (job.data.dataset is not None) > SESSION_CPUS - held:  # Ray Data: a CPU to read
         shared.close()
     return run_job(spec, overrides=list(overrides), **kwargs)

@@ -51,7 +51,8 @@ def workers_for(job: JobSpec, point: ResumePoint | None, worker_logs: bool, say:
             return kept
         wanted = SharedWorkers.for_job(job, storage_path="")  # its storage is made when it starts
         reason = "a resumed run" if point is not None else wanted.refusal(job)
-        if reason or not enabled():
+        reason = reason or (None if enabled() else "RAYPARALLEL_WARM_WORKERS=0")
+        if reason:
             if kept is not None and kept.alive:
                 say(f"rayparallel: closing the warm workers ({kept.described}): this run needs its own ({reason})")
             _close_kept()

@@ -12,12 +12,14 @@ from __future__ import annotations
 import os
 import time
 
-# In the order they happen, but the recorder's, which may come after the workers' first phases;
-# `result.json` `startup` lists those that were reached.
+# In the order they happen, but the recorder's, which may come after the workers' first phases, and
+# `spec_checked`, which a run's own group (`workers_requested`, its workers' first phases) starts
+# beside; `result.json` `startup` lists those that were reached.
 PHASES = (
     "spec_checked",  # driver: spec, imports, data and replica checked (preflight; after Ray for a Ray Data job)
     "ray_ready",  # driver: joined or started Ray
     "workers_reused",  # driver: the run takes the worker group this process kept warm (rayparallel.fit/train)
+    "workers_requested",  # driver: the run's worker group asked of Ray Train (beside the checks when it may)
     "recorder_ready",  # the recorder actor is up; it starts beside the worker group (MLflow's run in its thread)
     "workers_started",  # rank 0 entered the training function
     "tensorflow_imported",
@@ -42,8 +44,9 @@ def process_started_at() -> float:
 
 
 def relative(marks: dict[str, float], origin: float) -> dict[str, float]:
-    """{phase: unix time} -> {phase: seconds since `origin`}, in PHASES order."""
-    return {name: round(marks[name] - origin, 3) for name in PHASES if name in marks}
+    """{phase: unix time} -> {phase: seconds since `origin`}, in PHASES order; phases reached before
+    `origin` are left out (a worker group started ahead of the call, `rayparallel.Workers`)."""
+    return {name: round(marks[name] - origin, 3) for name in PHASES if marks.get(name, origin - 1) >= origin}
 
 
 def describe(startup: dict[str, float]) -> str:

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,6 +40,16 @@ def cli(*args: str, env: dict | None = None, cwd: Path = REPO, timeout: float = 
 def cli_env(env: dict | None) -> dict:
     """This process's environment with `env`'s changes; a value of "" unsets its variable."""
     return {k: v for k, v in {**os.environ, **(env or {})}.items() if v != ""}
+
+
+def wait_for(condition, timeout: float) -> bool:
+    """Whether `condition()` came true within `timeout` seconds (polled)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
 
 
 SESSION_CPUS = 4  # the session's local Ray (conftest.ray_address): 3 workers fit on 2 cores

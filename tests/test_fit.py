@@ -17,7 +17,7 @@ import pytest
 import rayparallel
 from rayparallel.errors import RayParallelError
 
-from .helpers import REPO, doc_section, final_weights, max_relative_error
+from .helpers import REPO, doc_section, final_weights, max_relative_error, wait_for
 
 
 def readme_cells() -> list[str]:
@@ -141,16 +141,6 @@ class Kernel:
     def close(self) -> None:
         self.client.stop_channels()
         self.manager.shutdown_kernel(now=True)
-
-
-def wait_for(condition, timeout: float) -> bool:
-    """Whether `condition()` came true within `timeout` seconds (polled)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.5)
-    return True
 
 
 RESULT_CELL = "print('RESULT', result.final_weights, 'workers_reused' in result.startup, len(result.workers))"

@@ -28,6 +28,7 @@ from ..spec.references import named
 
 RUN_FILE = "run.json"
 LOCK_FILE = ".rayparallel.lock"
+_held: set[Path] = set()  # the output folders this process holds (`folder_held`)
 
 
 @contextlib.contextmanager
@@ -36,8 +37,12 @@ def folder_held(output_dir: Path, name: str) -> Iterator[None]:
 
     An exclusive `flock` on `.rayparallel.lock`, held for the whole run: the kernel releases
     it when the process ends, however it ends (a SIGKILLed driver leaves nothing stuck). The
-    file says who holds it, for the one-line error a second run gets.
+    file says who holds it, for the one-line error a second run gets. Held already by this process
+    (the run's early worker group took it first, `early_workers`), it is held on, not taken again.
     """
+    if output_dir.resolve() in _held:
+        yield
+        return
     output_dir.mkdir(parents=True, exist_ok=True)
     with open(output_dir / LOCK_FILE, "a+") as handle:
         try:
@@ -53,7 +58,11 @@ def folder_held(output_dir: Path, name: str) -> Iterator[None]:
         handle.truncate()
         handle.write(f"job {name!r}, pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%H:%M:%S')}")
         handle.flush()
-        yield
+        _held.add(output_dir.resolve())
+        try:
+            yield
+        finally:
+            _held.discard(output_dir.resolve())
 
 
 @dataclass

@@ -36,6 +36,7 @@ from ..errors import RayParallelError
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
     from ..recorder.events import ControllerStarted
     from ..spec import JobSpec
@@ -86,14 +87,22 @@ class RunQueue:
 
 
 def serve_runs(config: dict) -> None:
-    """The group's train function: each worker runs the handed runs' worker loops, one after the other."""
+    """The group's train function: each worker runs the handed runs' worker loops, one after the other.
+
+    TensorFlow is imported first, while the driver still checks the first run's job (or the
+    user's cells run): rank 0 tells the first run's recorder when that happened."""
+    entered = time.time()
     import keras
     import ray.train
 
     from ..worker.loop import train_loop_per_worker
 
+    started = {"workers_started": entered, "tensorflow_imported": time.time()}
     queue, rank, index = config["queue"], ray.train.get_context().get_world_rank(), 0
     while (run := ray.get(queue.take.remote(index))) is not None:
+        if index == 0 and rank == 0:  # before the run's own marks: the recorder keeps a phase's first
+            for phase, at in started.items():
+                run["actor"].mark_phase.remote(phase, at)
         train_loop_per_worker(run)  # an error ends the group: Ray Train reports it as a run's error
         keras.backend.clear_session()
         ray.get(queue.done.remote(index, rank))
@@ -189,14 +198,12 @@ class SharedWorkers:
     def start(self) -> None:
         """Start the group now (its workers import TensorFlow while the driver goes on); `run` waits for it."""
         from ray.train import CheckpointConfig, RunConfig, ScalingConfig
-        from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-        from ..hooks import env_defaults
         from .abort import ControllerAnnounced
-        from .backend import TensorflowBackendConfig
+        from .backend import TensorflowBackendConfig, trainer_class
 
         self._queue, self._outcome, self.started_at = RunQueue.remote(), {}, time.time()
-        trainer = DataParallelTrainer(
+        trainer = trainer_class()(
             serve_runs,
             backend_config=TensorflowBackendConfig(),
             train_loop_config={"queue": self._queue},
@@ -210,18 +217,25 @@ class SharedWorkers:
                 callbacks=[ControllerAnnounced(self._queue)],  # its handle, for an abort (`SharedRun.controller`)
             ),
         )
-        outcome = self._outcome
+        self._thread = fit_in_thread(trainer, self._outcome, "train_driver")
 
-        def fit() -> None:
-            # Ray Train's controller reads the driver's environment when it starts, inside fit()
-            with env_defaults("train_driver"):
-                try:
-                    trainer.fit()
-                except BaseException as exc:  # handed to the run in progress
-                    outcome["error"] = exc
 
-        self._thread = threading.Thread(target=fit, name="rayparallel-shared-workers", daemon=True)
-        self._thread.start()
+def fit_in_thread(trainer: DataParallelTrainer, outcome: dict, *env: str) -> threading.Thread:
+    """`trainer.fit()` in a thread of its own, started now, for a group that outlives this call; what
+    it raises goes to `outcome["error"]`. `env`: `hooks.env_defaults` groups, which Ray Train's
+    controller reads from the driver's environment when it starts, inside fit()."""
+    from ..hooks import env_defaults
+
+    def fit() -> None:
+        with env_defaults(*env):
+            try:
+                trainer.fit()
+            except BaseException as exc:  # handed to the run in progress
+                outcome["error"] = exc
+
+    thread = threading.Thread(target=fit, name="rayparallel-worker-group", daemon=True)
+    thread.start()
+    return thread
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .errors import RayParallelError
 from .result import TrainResult
 from .spec import JobSpec, SpecSource, load_spec
 
@@ -219,6 +220,12 @@ class Workers:
         from .cluster.warm_workers import start
         from .console import printer
 
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+            raise RayParallelError(f"num_workers: expected a positive number, received {num_workers!r}")
+        if not isinstance(resources_per_worker, (dict, type(None))):
+            raise RayParallelError(
+                f"resources_per_worker: expected a dict such as {{'CPU': 2}}, received {resources_per_worker!r}"
+            )
         self._group = start(num_workers, use_gpu, resources_per_worker, printer(verbose))
         self.described = self._group.described  # `2 workers`, as the console says it
 

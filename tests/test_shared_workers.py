@@ -30,3 +30,24 @@ def test_shared_workers_refuse_in_one_line_what_they_cannot_run_as_its_own_group
     assert SharedWorkers(1, "unused").described == "1 worker"
     with pytest.raises(RayParallelError, match="^--resume: expected a fresh run on shared workers, received a resume"):
         shared.check(load_spec(lstm_job("shared")), ResumePoint(2, "epoch 2", Path("."), []))
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"num_workers": 0}, "num_workers: expected a positive number, received 0"),
+        ({"num_workers": "2"}, "num_workers: expected a positive number, received '2'"),
+        ({"resources_per_worker": 2}, "resources_per_worker: expected a dict such as {'CPU': 2}, received 2"),
+    ],
+)
+def test_workers_started_ahead_refuse_a_bad_shape_in_one_line_before_ray(arguments, message):
+    import ray
+
+    import rayparallel
+    from rayparallel.errors import RayParallelError
+
+    started = ray.is_initialized()
+    with pytest.raises(RayParallelError) as info:
+        rayparallel.Workers(**arguments)
+    assert str(info.value) == message
+    assert ray.is_initialized() == started  # refused before any Ray starts

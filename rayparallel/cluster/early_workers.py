@@ -69,10 +69,12 @@ class EarlyWorkers:
         return SharedRun(self._join, self._controller)
 
     def end(self) -> None:
-        """The run not handed (its checks failed, Ctrl-C): its workers stop, however far they got."""
+        """After the run; or, the run not handed (its checks failed, Ctrl-C), its workers stop, however
+        far they got. Then its queue goes (a process of its own)."""
         if self._thread.is_alive():
             self._queue.put.remote(None)  # workers already waiting for the run return
             abort_training(self._announced_controller(), self._thread)  # a group still starting stops
+        ray.kill(self._queue)
 
     def _announced_controller(self) -> ActorHandle | None:
         """The controller, once it announced itself (a second or two after the start), or None when the

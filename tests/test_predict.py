@@ -119,7 +119,9 @@ def test_streams_equal_the_batch_1_loop_on_2_and_1_workers_with_an_mlflow_run_ne
 
 
 @pytest.mark.slow
-def test_rows_through_ray_data_come_back_keyed_and_equal_model_predict_stateless_or_streams(ray_address, tmp_path):
+def test_rows_through_ray_data_come_back_keyed_and_equal_model_predict_stateless_or_streams(
+    ray_address, tmp_path, capsys
+):
     from tests.models import blobs, small_cnn, write_blobs_to_predict
 
     weights = saved_weights(tmp_path / "ckpt", "tests.models:small_cnn", {})
@@ -143,9 +145,13 @@ def test_rows_through_ray_data_come_back_keyed_and_equal_model_predict_stateless
         "scaling": {"num_workers": 2},
         "mlflow": {"enabled": False},
     }
-    result = rayparallel.predict(
-        job, weights=weights, out=tmp_path / "rows", overrides=["predict.batch_size=16"], verbose=False
+    # a session's warm training workers would hold the CPUs the replicas wait for: the prediction closes them
+    warm = rayparallel.Workers(num_workers=2, verbose=False)
+    result = rayparallel.predict(job, weights=weights, out=tmp_path / "rows", overrides=["predict.batch_size=16"])
+    assert "rayparallel: closing the warm workers (2 workers): the prediction needs their resources" in (
+        capsys.readouterr().out
     )
+    assert repr(warm) == "Workers(2 workers, closed)"
     columns = rayparallel.read_predictions(result.out)
     assert sorted(columns["image_id"]) == list(range(1000, 1040))  # every row once, keyed by the dataset's id
     assert np.abs(columns["dense"] - expected[columns["image_id"] - 1000]).max() < 1e-5

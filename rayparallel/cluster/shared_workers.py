@@ -144,6 +144,15 @@ class SharedWorkers:
         return plural(self.num_workers, "worker") + (f": {', '.join(each)}" if each else "")
 
     @property
+    def holds(self) -> dict[str, float]:
+        """What the group's workers hold of the cluster, together (Ray Train's default: a CPU each)."""
+        each = dict(self.held_per_worker or {})
+        each.setdefault("CPU", 1)
+        if self.use_gpu:
+            each.setdefault("GPU", 1)
+        return {key: amount * self.num_workers for key, amount in each.items()}
+
+    @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 

@@ -75,6 +75,27 @@ def release(workers: SharedWorkers) -> None:
             _close_kept()
 
 
+def make_room(workers: int, need: dict[str, float], say: Say) -> None:
+    """Close the session's group when `workers` processes needing `need` each (with a CPU for Ray Data)
+    do not fit beside it: a prediction's workers are not the group's, and would wait for its CPUs."""
+    import ray
+
+    from .connect import DATA_CPUS
+
+    with _lock:
+        kept: SharedWorkers | None = _session["workers"]
+        if kept is None or not kept.alive or not ray.is_initialized():
+            return
+        wanted = {key: workers * amount for key, amount in need.items() if amount}
+        wanted["CPU"] = wanted.get("CPU", 0) + DATA_CPUS
+        held, free, total = kept.holds, ray.available_resources(), ray.cluster_resources()
+        # the group holds its share once its workers are placed: until then `free` still counts it
+        if all(min(free.get(key, 0), total.get(key, 0) - held.get(key, 0)) >= n for key, n in wanted.items()):
+            return
+        say(f"rayparallel: closing the warm workers ({kept.described}): the prediction needs their resources")
+        _close_kept()
+
+
 def _keep(wanted: SharedWorkers, say: Say) -> SharedWorkers:
     kept = _session["workers"]
     if kept is not None and kept.alive:

@@ -135,6 +135,10 @@ def _predicted(
     """The predictions written to `out` as they arrive: (the files, the rows)."""
     import ray
 
+    from ..cluster.connect import worker_need
+    from ..cluster.warm_workers import make_room
+
+    make_room(workers, worker_need(job), say)  # a session's warm training workers, when they are in the way
     shared = ray.put(rebuilt.model.get_weights())
     predict = _stream_tables if rows.streams else _replica_tables
     tables = predict(job, rows, rebuilt, shared, workers, batch, working_dir)

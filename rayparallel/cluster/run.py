@@ -158,7 +158,7 @@ def run_job(
     `workers` runs it on a worker group kept for several runs (`shared_workers`), `warm` on this process's."""
     from .connect import check_capacity_where_known
     from .early_workers import started_early
-    from .launch import Launch, launch, shared_with_workers
+    from .launch import Launch, launch
     from .run_state import plan_run
 
     started_at = started_at or time.time()
@@ -188,20 +188,29 @@ def run_job(
                 source_name=source_name,
                 search_path=[working_dir],
                 plan=plan,
-                baselines=checks.baselines,
                 verbose=verbose,
                 worker_logs=worker_logs,
                 started_at=started_at,
                 marks=marks,
                 on_epoch=on_epoch,
-                source=shared_with_workers(checks.source),
-                datasets=checks.datasets,
-                inputs=checks.inputs,
-                settings=checks.settings,
                 workers=workers,
+                **handed_on(checks),
             )
             del checks  # the driver keeps no copy of a loader's arrays: they are in the object store
             return launch(run)
+
+
+def handed_on(checks: Preflight) -> dict:
+    """What the run takes of its checks (`Launch`'s fields): a loader's arrays go to the object store."""
+    from .launch import shared_with_workers
+
+    return dict(
+        baselines=checks.baselines,
+        source=shared_with_workers(checks.source),
+        datasets=checks.datasets,
+        inputs=checks.inputs,
+        settings=checks.settings,
+    )
 
 
 def workers_for_run(

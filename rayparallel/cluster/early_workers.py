@@ -32,7 +32,7 @@ import ray
 from ..files import ensure_writable
 from .abort import abort_training
 from .run_state import LOCK_FILE, folder_held, read_run_state
-from .shared_workers import RunQueue, SharedRun, fit_in_thread, serve_runs
+from .shared_workers import SharedRun, fit_in_thread, new_queue, serve_runs
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
@@ -49,7 +49,7 @@ class EarlyWorkers:
         from .backend import TensorflowBackendConfig, make_run_config, make_scaling_config, trainer_class
 
         spec, state = plan.spec, plan.state
-        self._queue, self._outcome = RunQueue.remote(), {}
+        self._queue, self._outcome = new_queue(), {}
         trainer = trainer_class()(
             serve_runs,
             backend_config=TensorflowBackendConfig(),

@@ -86,6 +86,15 @@ class RunQueue:
             return len(self.finished.get(index, ())) == workers
 
 
+def new_queue() -> ActorHandle:
+    """A `RunQueue` on this node: a queue on a node that is lost would take the runs' configs with it
+    (an elastic run's restarted group takes its run again from the queue)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    return RunQueue.options(scheduling_strategy=here).remote()
+
+
 def serve_runs(config: dict) -> None:
     """The group's train function: each worker runs the handed runs' worker loops, one after the other.
 
@@ -211,7 +220,7 @@ class SharedWorkers:
         from .abort import ControllerAnnounced
         from .backend import TensorflowBackendConfig, trainer_class
 
-        self._queue, self._outcome, self.started_at = RunQueue.remote(), {}, time.time()
+        self._queue, self._outcome, self.started_at = new_queue(), {}, time.time()
         trainer = trainer_class()(
             serve_runs,
             backend_config=TensorflowBackendConfig(),

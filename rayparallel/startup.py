@@ -12,14 +12,12 @@ from __future__ import annotations
 import os
 import time
 
-# In the order they happen, but the recorder's, which may come after the workers' first phases, and
-# `spec_checked`, which a run's own group (`workers_requested`, its workers' first phases) starts
-# beside; `result.json` `startup` lists those that were reached.
+# In the order they happen, but the recorder's, which may come after the workers' first phases;
+# `result.json` `startup` lists those that were reached.
 PHASES = (
     "spec_checked",  # driver: spec, imports, data and replica checked (preflight; after Ray for a Ray Data job)
     "ray_ready",  # driver: joined or started Ray
     "workers_reused",  # driver: the run takes the worker group this process kept warm (rayparallel.fit/train)
-    "workers_requested",  # driver: the run's worker group asked of Ray Train (beside the checks when it may)
     "recorder_ready",  # the recorder actor is up; it starts beside the worker group (MLflow's run in its thread)
     "workers_started",  # rank 0 entered the training function
     "tensorflow_imported",

@@ -311,36 +311,3 @@ def test_a_pydataset_that_is_empty_or_fails_is_one_line(tmp_path):
         rayparallel.validate(spec)
     assert str(info.value).startswith("data.loader: expected x_train to give batch 0, received "), info.value
     assert "\n" not in str(info.value)
-
-
-SLOW_BAD_LOADER = """
-import time
-import ray
-
-def load(free_cpus, seen):
-    # bad data, returned once the run's worker group holds its CPUs: the checks end while it starts
-    deadline = time.time() + 120
-    while ray.available_resources().get("CPU", 0) > free_cpus - 2 and time.time() < deadline:
-        time.sleep(0.1)
-    open(seen, "w").write(str(ray.available_resources().get("CPU", 0)))
-    return "no arrays"
-"""
-
-
-@pytest.mark.slow  # a worker group started and ended (a few seconds on the session's Ray)
-def test_a_job_whose_checks_fail_while_its_workers_start_leaves_nothing(ray_address, tmp_path, monkeypatch):
-    import ray
-
-    from .helpers import wait_for
-
-    monkeypatch.chdir(tmp_path)  # the job's module imports from the working directory, as typed
-    (tmp_path / "slow_bad.py").write_text(SLOW_BAD_LOADER)
-    free, seen = ray.available_resources().get("CPU", 0), tmp_path / "seen.txt"
-    job = dict(LSTM, data={"loader": "slow_bad:load", "kwargs": {"free_cpus": free, "seen": str(seen)}})
-    with pytest.raises(RayParallelError) as info:
-        rayparallel.train(job, output_dir=tmp_path / "runs" / "bad", verbose=False)
-    assert str(info.value).startswith("data.loader: expected a dict with x_train"), info.value
-    assert "\n" not in str(info.value)
-    assert float(seen.read_text()) == free - 2  # the group held its 2 CPUs before the checks' verdict ...
-    assert wait_for(lambda: ray.available_resources().get("CPU", 0) == free, 30)  # ... and gave them back
-    assert not (tmp_path / "runs").exists()  # its lock and Ray Train's folder went with the folder they made

@@ -35,10 +35,9 @@ def test_compressed_sync_trains_and_keeps_the_replicas_in_step(ray_address, tmp_
     assert list(startup) == [p for p in PHASES if p != "workers_reused"]  # a group of its own: every phase, one clock
     chain = [startup[p] for p in PHASES[PHASES.index("workers_started") :]]  # each waits for the one before
     assert all(a <= b for a, b in zip(chain, chain[1:], strict=False))
-    # overlapping: the run's worker group is asked for before the checks' verdict (its workers may start
-    # first), the recorder beside the group (up before the workers' first calls on it, before their first trace)
-    assert startup["ray_ready"] <= startup["workers_requested"] < startup["spec_checked"]
-    assert startup["workers_requested"] <= startup["workers_started"]
+    # overlapping: the checks run beside the local Ray's start (either may end first), the recorder beside
+    # the worker group (it is up before the workers' first calls on it, which come before their first trace)
+    assert max(startup["spec_checked"], startup["ray_ready"]) <= startup["workers_started"]
     assert startup["ray_ready"] <= startup["recorder_ready"] <= startup["first_step_traced"]
     assert 0 < startup["spec_checked"] and result.time_to_first_step_s == startup["first_step_done"]
     assert startup["first_step_done"] < result.seconds

@@ -52,7 +52,6 @@ from .stall import StallWatch
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
 
-    from .early_workers import EarlyWorkers
     from .shared_workers import SharedRun, SharedWorkers
 
 
@@ -76,8 +75,7 @@ class Launch:
     datasets: dict = field(default_factory=dict)  # Ray Data: the lazy datasets, by split, for Ray Train
     inputs: list[dict] = field(default_factory=list)  # the datasets as MLflow records them
     settings: dict = field(default_factory=dict)  # train: keys left out, as used, for MLflow's params
-    # a worker group kept up for several runs, or the run's own started beside its checks; None: started here
-    workers: SharedWorkers | EarlyWorkers | None = None
+    workers: SharedWorkers | None = None  # a worker group kept up for several runs; None: the run's own
 
     @property
     def spec(self) -> JobSpec:
@@ -193,7 +191,6 @@ def _trainer(run: Launch, actor: ActorHandle, scaling_config: ScalingConfig) -> 
         "output_dir": str(run.output_dir),
         "source": run.source or DataSource(rank_aware=True),
     }
-    run.mark("workers_requested")  # or earlier: a group started beside the checks
     if run.workers is not None:
         return run.workers.run(config)
     data_options = {}

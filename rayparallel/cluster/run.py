@@ -79,29 +79,13 @@ def checked_job(job: JobSpec, native_logs: bool = False, working_dir: str | None
     return preflight(job, native_logs=native_logs)
 
 
-class PendingChecks:
-    """The job's checks as `start_checks` started them: `result()` gives their result (or raises their
-    error); `failed` says, without waiting, whether they have already failed."""
-
-    def __init__(self, check: Callable[[], Preflight], running: concurrent.futures.Future | None = None):
-        self._check, self._running = check, running
-
-    @property
-    def failed(self) -> bool:
-        return self._running is not None and self._running.done() and self._running.exception() is not None
-
-    def result(self) -> Preflight:
-        return self._running.result() if self._running is not None else self._check()
-
-
-def start_checks(job: JobSpec, worker_logs: bool, working_dir: str, marks: dict[str, float]) -> PendingChecks:
-    """The job's checks (seconds: they import TensorFlow), started as early as they may be; their
-    result is taken inside the Ray session.
+def start_checks(job: JobSpec, worker_logs: bool, working_dir: str, marks: dict[str, float]) -> Callable[[], Preflight]:
+    """The job's checks (seconds: they import TensorFlow), started as early as they may be; the
+    function returned gives their result (or raises their error) inside the Ray session.
 
     A Ray Data job is checked through Ray, once it is there. Any other job is checked before
-    Ray (see `needs_ray_for_checks`): beside the start of a local Ray when this process starts
-    one, and beside the start of the run's worker group (`early_workers`); only a driver that is
-    still to join the cluster in `RAY_ADDRESS` checks first (its working directory may vanish).
+    Ray (see `needs_ray_for_checks`), beside the start of a local Ray when this process starts
+    one: no working directory can vanish then, and both take seconds.
     """
     import ray
 
@@ -111,12 +95,12 @@ def start_checks(job: JobSpec, worker_logs: bool, working_dir: str, marks: dict[
         return checks
 
     if needs_ray_for_checks(job):
-        return PendingChecks(check)
-    if os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
+        return check
+    if ray.is_initialized() or os.environ.get("RAY_ADDRESS"):
         checks = check()
-        return PendingChecks(lambda: checks)
-    beside = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rayparallel-checks").submit(check)
-    return PendingChecks(check, beside)
+        return lambda: checks
+    beside_ray = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rayparallel-checks").submit(check)
+    return beside_ray.result
 
 
 def space_warning_for(job: JobSpec, output_dir: Path, checks: Preflight) -> str | None:
@@ -157,8 +141,7 @@ def run_job(
     CLI's: when its process started); `on_epoch` sees every epoch's logs here and may end the run;
     `workers` runs it on a worker group kept for several runs (`shared_workers`), `warm` on this process's."""
     from .connect import check_capacity_where_known
-    from .early_workers import started_early
-    from .launch import Launch, launch
+    from .launch import Launch, launch, shared_with_workers
     from .run_state import plan_run
 
     started_at = started_at or time.time()
@@ -173,44 +156,33 @@ def run_job(
             f"rayparallel: resuming the job recorded in {output_dir / 'job.yaml'}, not the given one, which differs "
             f"in {', '.join(plan.changed)}"
         )
-    pending = start_checks(plan.spec, worker_logs, working_dir, marks)  # beside Ray's start, when it starts here
+    checks = start_checks(plan.spec, worker_logs, working_dir, marks)  # beside Ray's start, when it starts here
     workers = workers_for_run(plan, workers, warm, worker_logs, verbose, marks, started_at)
     with ray_session(plan.spec, worker_logs) as whole_cluster:
         marks["ray_ready"] = time.time()
         check_capacity_where_known(plan.spec, whole_cluster, printer(verbose))
-        # the run's own group starts now, beside the checks still running (early_workers)
-        with started_early(plan, output_dir, workers, pending.failed, marks) as workers:
-            with warned_while(checks_waiting(plan.spec), plan.spec.run.stall_warning_s, printer(verbose)):
-                checks = pending.result()
-            check_folders(plan.spec, output_dir, checks, verbose)
-            run = Launch(
-                output_dir=output_dir,
-                source_name=source_name,
-                search_path=[working_dir],
-                plan=plan,
-                verbose=verbose,
-                worker_logs=worker_logs,
-                started_at=started_at,
-                marks=marks,
-                on_epoch=on_epoch,
-                workers=workers,
-                **handed_on(checks),
-            )
-            del checks  # the driver keeps no copy of a loader's arrays: they are in the object store
-            return launch(run)
-
-
-def handed_on(checks: Preflight) -> dict:
-    """What the run takes of its checks (`Launch`'s fields): a loader's arrays go to the object store."""
-    from .launch import shared_with_workers
-
-    return dict(
-        baselines=checks.baselines,
-        source=shared_with_workers(checks.source),
-        datasets=checks.datasets,
-        inputs=checks.inputs,
-        settings=checks.settings,
-    )
+        with warned_while(checks_waiting(plan.spec), plan.spec.run.stall_warning_s, printer(verbose)):
+            checks = checks()
+        check_folders(plan.spec, output_dir, checks, verbose)
+        run = Launch(
+            output_dir=output_dir,
+            source_name=source_name,
+            search_path=[working_dir],
+            plan=plan,
+            baselines=checks.baselines,
+            verbose=verbose,
+            worker_logs=worker_logs,
+            started_at=started_at,
+            marks=marks,
+            on_epoch=on_epoch,
+            source=shared_with_workers(checks.source),
+            datasets=checks.datasets,
+            inputs=checks.inputs,
+            settings=checks.settings,
+            workers=workers,
+        )
+        del checks  # the driver keeps no copy of a loader's arrays: they are in the object store
+        return launch(run)
 
 
 def workers_for_run(

@@ -28,7 +28,6 @@ from ..spec.references import named
 
 RUN_FILE = "run.json"
 LOCK_FILE = ".rayparallel.lock"
-_held: set[Path] = set()  # the output folders this process holds (`folder_held`)
 
 
 @contextlib.contextmanager
@@ -37,12 +36,8 @@ def folder_held(output_dir: Path, name: str) -> Iterator[None]:
 
     An exclusive `flock` on `.rayparallel.lock`, held for the whole run: the kernel releases
     it when the process ends, however it ends (a SIGKILLed driver leaves nothing stuck). The
-    file says who holds it, for the one-line error a second run gets. Held already by this process
-    (the run's early worker group took it first, `early_workers`), it is held on, not taken again.
+    file says who holds it, for the one-line error a second run gets.
     """
-    if output_dir.resolve() in _held:
-        yield
-        return
     output_dir.mkdir(parents=True, exist_ok=True)
     with open(output_dir / LOCK_FILE, "a+") as handle:
         try:
@@ -58,11 +53,7 @@ def folder_held(output_dir: Path, name: str) -> Iterator[None]:
         handle.truncate()
         handle.write(f"job {name!r}, pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%H:%M:%S')}")
         handle.flush()
-        _held.add(output_dir.resolve())
-        try:
-            yield
-        finally:
-            _held.discard(output_dir.resolve())
+        yield
 
 
 @dataclass

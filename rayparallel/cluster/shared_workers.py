@@ -87,8 +87,8 @@ class RunQueue:
 
 
 def new_queue() -> ActorHandle:
-    """A `RunQueue` on this node: a queue on a node that is lost would take the runs' configs with it
-    (an elastic run's restarted group takes its run again from the queue)."""
+    """A `RunQueue` on the driver's node, where the runs' recorders are: a queue on another node that
+    is lost would take the group's runs with it."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)

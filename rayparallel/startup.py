@@ -44,7 +44,7 @@ def process_started_at() -> float:
 def relative(marks: dict[str, float], origin: float) -> dict[str, float]:
     """{phase: unix time} -> {phase: seconds since `origin`}, in PHASES order; phases reached before
     `origin` are left out (a worker group started ahead of the call, `rayparallel.Workers`)."""
-    return {name: round(marks[name] - origin, 3) for name in PHASES if marks.get(name, origin - 1) >= origin}
+    return {name: round(marks[name] - origin, 3) for name in PHASES if name in marks and marks[name] >= origin}
 
 
 def describe(startup: dict[str, float]) -> str:

@@ -89,9 +89,14 @@ def worker_output_shown(show: bool) -> Iterator[None]:
 
 def worker_need(spec: JobSpec) -> dict[str, float]:
     """What one worker of the job asks Ray for (Ray Train's default: 1 CPU, and 1 GPU with use_gpu)."""
-    need = dict(spec.scaling.resources_per_worker)
+    return need_of(spec.scaling.resources_per_worker, spec.scaling.use_gpu)
+
+
+def need_of(resources_per_worker: dict | None, use_gpu: bool) -> dict[str, float]:
+    """`resources_per_worker` with Ray Train's defaults filled in: 1 CPU, and 1 GPU with `use_gpu`."""
+    need = dict(resources_per_worker or {})
     need.setdefault("CPU", 1)
-    if spec.scaling.use_gpu:
+    if use_gpu:
         need.setdefault("GPU", 1)
     return need
 

@@ -36,7 +36,6 @@ from ..errors import RayParallelError
 
 if TYPE_CHECKING:
     from ray.actor import ActorHandle
-    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
     from ..recorder.events import ControllerStarted
     from ..spec import JobSpec
@@ -155,11 +154,9 @@ class SharedWorkers:
     @property
     def holds(self) -> dict[str, float]:
         """What the group's workers hold of the cluster, together (Ray Train's default: a CPU each)."""
-        each = dict(self.held_per_worker or {})
-        each.setdefault("CPU", 1)
-        if self.use_gpu:
-            each.setdefault("GPU", 1)
-        return {key: amount * self.num_workers for key, amount in each.items()}
+        from .connect import need_of
+
+        return {key: amount * self.num_workers for key, amount in need_of(self.held_per_worker, self.use_gpu).items()}
 
     @property
     def alive(self) -> bool:
@@ -217,6 +214,7 @@ class SharedWorkers:
         """Start the group now (its workers import TensorFlow while the driver goes on); `run` waits for it."""
         from ray.train import CheckpointConfig, RunConfig, ScalingConfig
 
+        from ..hooks import env_defaults
         from .abort import ControllerAnnounced
         from .backend import TensorflowBackendConfig, trainer_class
 
@@ -235,25 +233,18 @@ class SharedWorkers:
                 callbacks=[ControllerAnnounced(self._queue)],  # its handle, for an abort (`SharedRun.controller`)
             ),
         )
-        self._thread = fit_in_thread(trainer, self._outcome, "train_driver")
+        outcome = self._outcome
 
+        def fit() -> None:
+            # Ray Train's controller reads the driver's environment when it starts, inside fit()
+            with env_defaults("train_driver"):
+                try:
+                    trainer.fit()
+                except BaseException as exc:  # handed to the run in progress
+                    outcome["error"] = exc
 
-def fit_in_thread(trainer: DataParallelTrainer, outcome: dict, *env: str) -> threading.Thread:
-    """`trainer.fit()` in a thread of its own, started now, for a group that outlives this call; what
-    it raises goes to `outcome["error"]`. `env`: `hooks.env_defaults` groups, which Ray Train's
-    controller reads from the driver's environment when it starts, inside fit()."""
-    from ..hooks import env_defaults
-
-    def fit() -> None:
-        with env_defaults(*env):
-            try:
-                trainer.fit()
-            except BaseException as exc:  # handed to the run in progress
-                outcome["error"] = exc
-
-    thread = threading.Thread(target=fit, name="rayparallel-worker-group", daemon=True)
-    thread.start()
-    return thread
+        self._thread = threading.Thread(target=fit, name="rayparallel-shared-workers", daemon=True)
+        self._thread.start()
 
 
 @dataclass(frozen=True)

@@ -164,29 +164,34 @@ def test_a_replica_killed_mid_stream_loses_no_stream_and_applies_each_window_onc
     url, weights = server
     rng = np.random.default_rng(21)
     streams = {i: list(rng.normal(size=(10, 8, 2)).astype("float32")) for i in range(101, 109)}
-    answers, replicas = {i: [] for i in streams}, {i: [] for i in streams}
+    answers, replicas, errors = {i: [] for i in streams}, {i: [] for i in streams}, {}
     third = threading.Barrier(len(streams) + 1)
 
     def send(i: int) -> None:
         triton_client = client(url)
-        for t, window in enumerate(streams[i]):
-            change, replica = infer(triton_client, window, i, start=t == 0, end=t == 9)
-            answers[i].append(change)
-            replicas[i].append(replica)
-            if t == 2:
-                third.wait(timeout=120)
-            time.sleep(0.05)
+        try:
+            for t, window in enumerate(streams[i]):
+                change, replica = infer(triton_client, window, i, start=t == 0, end=t == 9)
+                answers[i].append(change)
+                replicas[i].append(replica)
+                if t == 2:
+                    third.wait(timeout=120)
+                time.sleep(0.05)
+        except Exception as exc:  # kept for the assertion: a thread's error is otherwise only printed
+            errors[i] = f"window {len(answers[i])}: {type(exc).__name__}: {exc}"
 
     threads = [threading.Thread(target=send, args=(i,)) for i in streams]
     for thread in threads:
         thread.start()
     third.wait(timeout=120)
-    victim = replicas[101][-1]
+    victim = replicas[101][2]
     os.kill(replica_pid(victim), signal.SIGKILL)  # while the streams keep sending: some windows are in flight
     for thread in threads:
         thread.join(timeout=300)
-    moved = [i for i in streams if replicas[i][0] == victim]
-    assert all(replicas[i][-1] != victim for i in moved) and 101 in moved
+    assert not errors, errors
+    # held by the victim when it died (a stream may have moved before: a replica that came up late moves the ring)
+    moved = [i for i in streams if replicas[i][2] == victim]
+    assert all(replicas[i][-1] != victim for i in moved), {i: replicas[i] for i in moved}
     for i, windows in streams.items():
         assert len(answers[i]) == len(windows), (i, len(answers[i]))  # a failed window ends its thread early
         assert np.abs(np.array(answers[i]) - batch_1_loop(weights, windows)).max() < 1e-5, i

@@ -46,10 +46,22 @@ def space_warning(folder: Path, files: int, file_bytes: int, key: str) -> str | 
     )
 
 
-def ensure_writable(folder: Path, key: str) -> None:
-    """Fail before training when `folder` (set by `key`) cannot be created or written."""
+def refuse_unwritable(folder: Path, key: str) -> None:
+    """What `ensure_writable` refuses that can be seen without creating anything (an existing file, a file or
+    a read-only folder on the way): a run checks it before Ray starts, so a bad folder costs no start."""
     if folder.exists() and not folder.is_dir():
         raise WriteError(f"{key}: expected a folder, received {str(folder)!r} (an existing file)")
+    nearest = next(p for p in [folder, *folder.parents] if p.exists())
+    if not nearest.is_dir() or not os.access(nearest, os.W_OK | os.X_OK):
+        why = "a file on its path" if not nearest.is_dir() else "a folder on its path is not writable"
+        raise WriteError(
+            f"{key}: expected a writable folder with free space, received {str(folder)!r} ({why}: {nearest})"
+        )
+
+
+def ensure_writable(folder: Path, key: str) -> None:
+    """Fail before training when `folder` (set by `key`) cannot be created or written."""
+    refuse_unwritable(folder, key)
     probe = folder / ".rayparallel-write-test"
     atomic_write(probe, lambda partial: partial.write_bytes(b"ok"), key)
     probe.unlink(missing_ok=True)

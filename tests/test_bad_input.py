@@ -291,12 +291,22 @@ def test_cli_spec_error_needs_no_tensorflow(tmp_path):
 
 
 def test_output_dir_naming_an_existing_file_is_one_line_and_keeps_the_file(tmp_path):
+    """Refused before Ray starts (a bad folder costs no start), and a folder under a file too."""
+    import ray
+
     blocker = tmp_path / "out"
     blocker.write_text("keep me")
+    connected = ray.is_initialized()
     with pytest.raises(RayParallelError) as info:
         rayparallel.train(CNN, output_dir=blocker, verbose=False)
     assert str(info.value) == f"--output-dir: expected a folder, received '{blocker}' (an existing file)"
-    assert blocker.read_text() == "keep me"
+    with pytest.raises(RayParallelError) as info:
+        rayparallel.train(CNN, output_dir=blocker / "run", verbose=False)
+    assert str(info.value) == (
+        f"--output-dir: expected a writable folder with free space, received '{blocker / 'run'}' "
+        f"(a file on its path: {blocker})"
+    )
+    assert blocker.read_text() == "keep me" and ray.is_initialized() == connected
 
 
 def test_a_pydataset_that_is_empty_or_fails_is_one_line(tmp_path):

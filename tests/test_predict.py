@@ -185,6 +185,9 @@ def test_bad_input_is_one_line_and_an_earlier_prediction_stays(tmp_path, capsys)
     base = ["predict", "jobs/stateful_lstm.yaml", "--set", "mlflow.enabled=false"]
     cases = {
         ("--weights", lstm, "--out", str(earlier)): "--out: expected a folder without an earlier prediction",
+        ("--weights", lstm, "--out", str(earlier / "predict.json" / "x")): (
+            f"--out: expected a writable folder with free space, received '{earlier / 'predict.json' / 'x'}' (a file"
+        ),
         ("--weights", lstm, "--out", str(tmp_path / "a")): (
             "--split predict: expected jobs.stateful_lstm:load_data to return x_predict, received ['baselines'"
         ),

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..console import printer
-from ..files import ensure_writable, space_warning
+from ..files import ensure_writable, refuse_unwritable, space_warning
 from ..spec import SpecSource, load_spec
 from ..spec.references import add_search_path
 from .stall import warned_while
@@ -141,7 +141,7 @@ def run_job(
     CLI's: when its process started); `on_epoch` sees every epoch's logs here and may end the run;
     `workers` runs it on a worker group kept for several runs (`shared_workers`), `warm` on this process's."""
     from .connect import check_capacity_where_known
-    from .launch import Launch, launch, shared_with_workers
+    from .launch import Launch, checkpoint_dir, launch, shared_with_workers
     from .run_state import plan_run
 
     started_at = started_at or time.time()
@@ -151,6 +151,8 @@ def run_job(
     job = load_spec(spec, overrides)
     output_dir = Path(output_dir if output_dir is not None else Path("runs") / job.name).resolve()
     plan = plan_run(job, overrides, output_dir, resume)
+    for folder, key in ((output_dir, "--output-dir"), (checkpoint_dir(plan.spec, output_dir), "checkpoint.dir")):
+        refuse_unwritable(folder, key)  # before Ray starts; `check_folders` probes them once the checks pass
     if plan.changed:
         printer(verbose)(
             f"rayparallel: resuming the job recorded in {output_dir / 'job.yaml'}, not the given one, which differs "

@@ -52,8 +52,9 @@ def named_outputs(model: Any, predicted: Any) -> dict[str, np.ndarray]:
 def check_folder(out: Path, overwrite: bool) -> None:
     """`out` can take a new prediction: a folder holding an earlier one only with `overwrite` (nothing is
     written here: `clear_folder` makes the folder once every other check has passed)."""
-    if out.exists() and not out.is_dir():
-        raise RayParallelError(f"--out: expected a folder, received {str(out)!r} (an existing file)")
+    from ..files import refuse_unwritable
+
+    refuse_unwritable(out, "--out")
     held = _earlier(out)
     if held and not overwrite:
         raise RayParallelError(

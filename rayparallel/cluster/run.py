@@ -141,7 +141,7 @@ def run_job(
     CLI's: when its process started); `on_epoch` sees every epoch's logs here and may end the run;
     `workers` runs it on a worker group kept for several runs (`shared_workers`), `warm` on this process's."""
     from .connect import check_capacity_where_known
-    from .launch import Launch, checkpoint_dir, launch, shared_with_workers
+    from .launch import Launch, launch, shared_with_workers
     from .run_state import plan_run
 
     started_at = started_at or time.time()
@@ -151,13 +151,7 @@ def run_job(
     job = load_spec(spec, overrides)
     output_dir = Path(output_dir if output_dir is not None else Path("runs") / job.name).resolve()
     plan = plan_run(job, overrides, output_dir, resume)
-    for folder, key in ((output_dir, "--output-dir"), (checkpoint_dir(plan.spec, output_dir), "checkpoint.dir")):
-        refuse_unwritable(folder, key)  # before Ray starts; `check_folders` probes them once the checks pass
-    if plan.changed:
-        printer(verbose)(
-            f"rayparallel: resuming the job recorded in {output_dir / 'job.yaml'}, not the given one, which differs "
-            f"in {', '.join(plan.changed)}"
-        )
+    check_plan(plan, output_dir, verbose)
     checks = start_checks(plan.spec, worker_logs, working_dir, marks)  # beside Ray's start, when it starts here
     workers = workers_for_run(plan, workers, warm, worker_logs, verbose, marks, started_at)
     with ray_session(plan.spec, worker_logs) as whole_cluster:
@@ -185,6 +179,20 @@ def run_job(
         )
         del checks  # the driver keeps no copy of a loader's arrays: they are in the object store
         return launch(run)
+
+
+def check_plan(plan: RunPlan, output_dir: Path, verbose: bool) -> None:
+    """What the plan alone decides, before Ray starts: a folder that cannot take the run is refused
+    (`check_folders` probes both once the checks pass), a resume that goes on with the recorded job says so."""
+    from .launch import checkpoint_dir
+
+    refuse_unwritable(output_dir, "--output-dir")
+    refuse_unwritable(checkpoint_dir(plan.spec, output_dir), "checkpoint.dir")
+    if plan.changed:
+        printer(verbose)(
+            f"rayparallel: resuming the job recorded in {output_dir / 'job.yaml'}, not the given one, which differs "
+            f"in {', '.join(plan.changed)}"
+        )
 
 
 def workers_for_run(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..hooks import HOOKS
-from .ingress import KServeIngress
+from .ingress import FAILOVER_S, KServeIngress
 from .kept_states import StateKeeper
 from .protocol import TensorSpec, tensor_spec
 from .replica import StreamReplica
@@ -73,7 +73,7 @@ def build(
     if settings.keep_states:  # one keeper for all the replicas: a commit a step, answered on its event loop
         keeper = serve.deployment(
             StateKeeper, name=f"{settings.name}-states", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10000
-        ).bind(settings.idle_timeout_s)
+        ).bind(settings.idle_timeout_s, FAILOVER_S)
     replicas = serve.deployment(
         StreamReplica,
         name=f"{settings.name}-streams",

@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import re
+import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -85,10 +86,13 @@ class KServeIngress:
 
         handle = self.replicas.options(session_id=str(parsed.sequence_id))
         token = uuid.uuid4().hex  # the same on every retry: the keeper applies the window once
+        sent_at = time.time()  # its wait for the next replica after a death is not the stream's idling
         deadline, retried = asyncio.get_running_loop().time() + FAILOVER_S, False
         while True:
             try:
-                return await handle.infer.remote(parsed.sequence_id, parsed.start, parsed.end, parsed.window, token)
+                return await handle.infer.remote(
+                    parsed.sequence_id, parsed.start, parsed.end, parsed.window, token, sent_at
+                )
             except (RayActorError, ActorUnavailableError) as exc:
                 if not self.keep_states or asyncio.get_running_loop().time() > deadline:
                     kept = f"no replica took it over within {FAILOVER_S:g} s" if self.keep_states else "states not kept"

@@ -50,17 +50,25 @@ class Commit:
 
 
 class KeptStates:
-    """The keeper's bookkeeping; a stream idle past `idle_timeout_s` is forgotten, as its slot is freed."""
+    """The keeper's bookkeeping; a stream idle past `idle_timeout_s` is forgotten, as its slot is freed.
 
-    def __init__(self, idle_timeout_s: float, clock: Callable[[], float] = time.monotonic):
-        self.idle_timeout_s, self._clock = idle_timeout_s, clock
+    Idle means without a window: a window that waited for its stream's next replica after a death (up to
+    `grace_s`, the ingress's failover wait) is counted from its arrival, not from its recall, so a failover
+    slower than the timeout loses no stream."""
+
+    def __init__(self, idle_timeout_s: float, clock: Callable[[], float] = time.monotonic, grace_s: float = 0.0):
+        self.idle_timeout_s, self.grace_s, self._clock = idle_timeout_s, grace_s, clock
         self._kept: dict[Hashable, Kept] = {}
         self._swept = clock()
 
-    def recall(self, stream: Hashable) -> Kept | None:
-        """The stream's last answered window, or None (never started, or idle past the timeout)."""
+    def recall(self, stream: Hashable, waited_s: float = 0.0) -> Kept | None:
+        """The stream's last answered window, or None (never started, or idle past the timeout when the window
+        that asks arrived, `waited_s` ago); a recalled stream is not idle: its window is being applied."""
         self._sweep()
-        return self._live(stream)
+        kept = self._live(stream, min(max(waited_s, 0.0), self.grace_s))
+        if kept is not None:
+            kept.seen = self._clock()
+        return kept
 
     def commit(self, commits: list[Commit]) -> list[tuple[Verdict, Kept | None]]:
         """One verdict for each commit, with what is kept of its stream afterwards.
@@ -84,9 +92,9 @@ class KeptStates:
         self._kept[commit.stream] = kept
         return "kept", kept
 
-    def _live(self, stream: Hashable) -> Kept | None:
+    def _live(self, stream: Hashable, waited_s: float = 0.0) -> Kept | None:
         kept = self._kept.get(stream)
-        if kept is not None and self._clock() - kept.seen > self.idle_timeout_s:
+        if kept is not None and self._clock() - kept.seen > self.idle_timeout_s + waited_s:
             del self._kept[stream]
             return None
         return kept
@@ -96,7 +104,8 @@ class KeptStates:
         if now - self._swept < 1.0:  # a scan a second at most, to bound memory: `_live` decides each stream
             return
         self._swept = now
-        idle = [stream for stream, kept in self._kept.items() if now - kept.seen > self.idle_timeout_s]
+        forgotten = self.idle_timeout_s + self.grace_s  # a window may still be on its way to a recall
+        idle = [stream for stream, kept in self._kept.items() if now - kept.seen > forgotten]
         for stream in idle:
             del self._kept[stream]
 
@@ -108,11 +117,11 @@ class StateKeeper:
     loop, so each commit is applied whole.
     """
 
-    def __init__(self, idle_timeout_s: float):
-        self.states = KeptStates(idle_timeout_s)
+    def __init__(self, idle_timeout_s: float, grace_s: float = 0.0):
+        self.states = KeptStates(idle_timeout_s, grace_s=grace_s)
 
-    async def recall(self, stream: Hashable) -> Kept | None:
-        return self.states.recall(stream)
+    async def recall(self, stream: Hashable, waited_s: float = 0.0) -> Kept | None:
+        return self.states.recall(stream, waited_s)
 
     async def commit(self, commits: list[Commit]) -> list[tuple[Verdict, Any]]:
         return self.states.commit(commits)

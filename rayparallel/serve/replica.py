@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import time
 import uuid
 from collections import deque
 from collections.abc import Hashable
@@ -82,17 +83,19 @@ class StreamReplica:
         logger.info(f"rayparallel serve: replica up with {slots} slots, idle timeout {idle_timeout_s:g} s")
 
     async def infer(
-        self, stream: Hashable, start: bool, end: bool, window: np.ndarray, token: str = ""
+        self, stream: Hashable, start: bool, end: bool, window: np.ndarray, token: str = "", sent_at: float = 0.0
     ) -> tuple[int, Any, str]:
         """(200, the outputs by name, this replica's id), or (status, one line, id): 400 for a stream that
         holds no slot, 503 when every slot stayed taken for `slot_wait_s`. `token` names the window for
-        its retries (the ingress's request id); a caller without one gets a window applied once per call."""
+        its retries (the ingress's request id); a caller without one gets a window applied once per call.
+        `sent_at` (`time.time()`) is when the window reached the ingress: its wait for this replica is not idling."""
         token = token or uuid.uuid4().hex
         if self.wake is None:  # the loop lives in the replica's event loop, started with its first request
             self.wake = asyncio.Event()
             asyncio.get_running_loop().create_task(self._steps())
         try:
-            kept = None if start or stream in self.table.held() else await self._recall(stream, token)
+            waited_s = time.time() - sent_at if sent_at else 0.0
+            kept = None if start or stream in self.table.held() else await self._recall(stream, token, waited_s)
             if kept is not None and kept.token == token:  # a retry of a window answered before its replica died
                 return 200, kept.answer, self.replica
             slot = await self._slot(stream, start or kept is not None)
@@ -109,9 +112,9 @@ class StreamReplica:
             wanted = f"a free slot within {self.slot_wait_s:g} s"
             return 503, f"sequence_start: expected {wanted}, received none ({exc} of this replica)", self.replica
 
-    async def _recall(self, stream: Hashable, token: str) -> Kept | None:
+    async def _recall(self, stream: Hashable, token: str, waited_s: float) -> Kept | None:
         """The keeper's state of a stream this replica does not hold; NotStarted if there is none to go on from."""
-        kept = None if self.keeper is None else await self.keeper.recall.remote(stream)
+        kept = None if self.keeper is None else await self.keeper.recall.remote(stream, waited_s)
         if kept is None or (kept.ended and kept.token != token):
             raise self.table.not_started(stream)
         return kept

@@ -44,7 +44,8 @@ class Served:
     # Ray Serve's handle of the application's HTTP ingress; callers inside Ray reach the stream replicas with
     # `ray.serve.get_deployment_handle(f"{name}-streams", name).options(session_id=str(sequence_id))` and
     # `.infer.remote(sequence_id, start, end, window, token)` -> (status, outputs or one line, replica id); the
-    # same `token` on a retry of a window applies it once (the ingress sends a new one per HTTP request)
+    # same `token` on a retry of a window applies it once (the ingress sends a new one per HTTP request), and
+    # `sent_at=time.time()` of its first try keeps its wait for a dead replica's successor from counting as idle
     handle: DeploymentHandle
 
 

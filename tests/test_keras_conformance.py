@@ -8,6 +8,7 @@ is generated from `CASES` (`test_the_docs_table_is_the_matrix`)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import pytest
@@ -192,7 +193,8 @@ def sines_and_a_rest(global_batch_size: int) -> dict:
 def test_a_last_shorter_batch_is_taken_where_the_batch_is_free_and_left_out_once_said_where_fixed(capsys):
     """Where Keras `fit` can take the rows past the last full batch it does, and so does rayparallel; a stateful
     model cannot (its states are the batch's rows): they are left out, said once; a model's own step on a last
-    batch the workers cannot share equally is refused (its means are per worker)."""
+    batch the workers cannot share equally is refused (its means are per worker). A stateful model on shuffled
+    rows (`fit`'s default `shuffle=True`) is said once."""
     from rayparallel.cluster.preflight import preflight
     from rayparallel.spec import load_spec
     from tests.models import lstm_job
@@ -206,6 +208,13 @@ def test_a_last_shorter_batch_is_taken_where_the_batch_is_free_and_left_out_once
     rayparallel.validate(stateful)
     (note,) = [line for line in capsys.readouterr().out.splitlines() if "leaves out" in line]
     assert note.startswith("rayparallel: each epoch leaves out the last 5 training rows") and "stateful" in note
+
+    shuffled = preflight(load_spec(lstm_job("stateful-shuffled", "data.layout=shuffle")))
+    assert [re.sub(r"\(lstm_\d+\)", "(lstm)", note) for note in shuffled.notes] == [  # Keras numbers layer names
+        "rayparallel: data.layout: shuffle (fit's shuffle=True) mixes rows of different streams in every batch of a "
+        "stateful model (lstm): each row continues another row's state; layout: streams (shuffle=False) keeps row i "
+        "of every batch on stream i"
+    ]
 
     own = next(c for c in CASES if c.builder == "weighted_own_steps")
     with pytest.raises(RayParallelError) as info:  # 32 validation rows, batch 12: a last batch of 8 on 3 workers

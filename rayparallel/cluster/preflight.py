@@ -103,7 +103,9 @@ def preflight(spec: JobSpec, native_logs: bool = False) -> Preflight:
     val = outputs.first_rows((data.val_features, y_val), rows) if y_val is not None else None
     first = outputs.first_rows(own_step.packed(data.features, y_train, data.weights), rows)
     train_keys, val_keys = own_step.trial_step(model, first, val, own)
-    notes = last_batch(spec, model, data, own + own_step.overridden(model, own_step.OWN_LOSS))
+    notes = shuffled_streams(spec, model) + last_batch(
+        spec, model, data, own + own_step.overridden(model, own_step.OWN_LOSS)
+    )
     check_accumulation(spec, data.steps)
     scale = [LOSS_SCALE] if spec.train.loss_scale else []
     keys = train_keys + list(THROUGHPUT) + scale + val_keys
@@ -169,6 +171,19 @@ def _open_data(spec: JobSpec) -> _Opened:
         weights=data.train.w,
         rows=(0, 0) if rank_aware else (data.train.rows, data.val.rows if data.val is not None else 0),
     )
+
+
+def shuffled_streams(spec: JobSpec, model: keras.Model) -> list[str]:
+    """A stateful model trained on shuffled rows: Keras' `fit(shuffle=True)` does the same without a word, but a
+    stateful layer's row i then continues a state that another stream's row left; said once."""
+    layers = replica.stateful_layers(model)
+    if spec.data.layout != "shuffle" or not layers:
+        return []
+    return [
+        f"rayparallel: data.layout: shuffle (fit's shuffle=True) mixes rows of different streams in every batch of "
+        f"a stateful model ({', '.join(layer.name for layer in layers)}): each row continues another row's state; "
+        f"layout: streams (shuffle=False) keeps row i of every batch on stream i"
+    ]
 
 
 def last_batch(spec: JobSpec, model: keras.Model, data: _Opened, own: list[str]) -> list[str]:

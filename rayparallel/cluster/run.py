@@ -143,6 +143,7 @@ def run_job(
     from .connect import check_capacity_where_known
     from .launch import Launch, launch, shared_with_workers
     from .run_state import plan_run
+    from .warm_workers import after_run
 
     started_at = started_at or time.time()
     working_dir = os.getcwd()  # before Ray: in `ray job submit` the cwd may be gone once the driver connects
@@ -178,7 +179,11 @@ def run_job(
             workers=workers,
         )
         del checks  # the driver keeps no copy of a loader's arrays: they are in the object store
-        return launch(run)
+        try:
+            return launch(run)
+        finally:
+            if warm:
+                after_run(workers, printer(verbose))
 
 
 def check_plan(plan: RunPlan, output_dir: Path, verbose: bool) -> None:

@@ -49,6 +49,7 @@ class RunQueue:
     def __init__(self):
         self.configs: list[dict | None] = []
         self.finished: dict[int, set[int]] = {}
+        self.arrived: set[int] = set()  # the ranks whose worker process runs: the group holds its resources
         self.changed = asyncio.Condition()
         self._controller: ActorHandle | None = None
 
@@ -57,6 +58,13 @@ class RunQueue:
             self.configs.append(config)
             self.changed.notify_all()
             return len(self.configs) - 1
+
+    def arrive(self, rank: int) -> None:
+        self.arrived.add(rank)
+
+    def placed(self) -> int:
+        """How many of the group's workers have started (each holds its share of the cluster from then on)."""
+        return len(self.arrived)
 
     async def take(self, index: int) -> dict | None:
         async with self.changed:
@@ -100,13 +108,15 @@ def serve_runs(config: dict) -> None:
     TensorFlow is imported first, while the driver still checks the first run's job (or the
     user's cells run): rank 0 tells the first run's recorder when that happened."""
     entered = time.time()
-    import keras
     import ray.train
+
+    queue, rank, index = config["queue"], ray.train.get_context().get_world_rank(), 0
+    queue.arrive.remote(rank)
+    import keras
 
     from ..worker.loop import train_loop_per_worker
 
     started = {"workers_started": entered, "tensorflow_imported": time.time()}
-    queue, rank, index = config["queue"], ray.train.get_context().get_world_rank(), 0
     while (run := ray.get(queue.take.remote(index))) is not None:
         if index == 0 and rank == 0:  # before the run's own marks: the recorder keeps a phase's first
             for phase, at in started.items():
@@ -137,6 +147,7 @@ class SharedWorkers:
         self._queue = None
         self._thread: threading.Thread | None = None
         self._outcome: dict = {}
+        self._placed = False
         self.started_at = float("inf")  # when `start` started it (unix time)
 
     @classmethod
@@ -161,6 +172,13 @@ class SharedWorkers:
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def placed(self) -> bool:
+        """Whether every worker has started: from then on the group holds what `holds` says."""
+        if not self._placed and self.alive:
+            self._placed = ray.get(self._queue.placed.remote()) == self.num_workers
+        return self._placed
 
     def refusal(self, spec: JobSpec) -> str | None:
         """Why the job cannot run on these workers as on a group of its own, in one line; None when it can."""
@@ -218,7 +236,7 @@ class SharedWorkers:
         from .abort import ControllerAnnounced
         from .backend import TensorflowBackendConfig, trainer_class
 
-        self._queue, self._outcome, self.started_at = new_queue(), {}, time.time()
+        self._queue, self._outcome, self._placed, self.started_at = new_queue(), {}, False, time.time()
         trainer = trainer_class()(
             serve_runs,
             backend_config=TensorflowBackendConfig(),

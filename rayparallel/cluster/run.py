@@ -26,6 +26,7 @@ from .stall import warned_while
 if TYPE_CHECKING:
     from ..result import TrainResult
     from ..spec import JobSpec
+    from .launch import Launch
     from .preflight import Preflight
     from .run_state import RunPlan
     from .shared_workers import SharedWorkers
@@ -141,9 +142,8 @@ def run_job(
     CLI's: when its process started); `on_epoch` sees every epoch's logs here and may end the run;
     `workers` runs it on a worker group kept for several runs (`shared_workers`), `warm` on this process's."""
     from .connect import check_capacity_where_known
-    from .launch import Launch, launch, shared_with_workers
+    from .launch import Launch, shared_with_workers
     from .run_state import plan_run
-    from .warm_workers import after_run
 
     started_at = started_at or time.time()
     working_dir = os.getcwd()  # before Ray: in `ray job submit` the cwd may be gone once the driver connects
@@ -179,11 +179,19 @@ def run_job(
             workers=workers,
         )
         del checks  # the driver keeps no copy of a loader's arrays: they are in the object store
-        try:
-            return launch(run)
-        finally:
-            if warm:
-                after_run(workers, printer(verbose))
+        return launched(run, warm)
+
+
+def launched(run: Launch, warm: bool) -> TrainResult:
+    """The run's result; on the session's warm group (`warm`), then one line of what the session keeps."""
+    from .launch import launch
+    from .warm_workers import after_run
+
+    try:
+        return launch(run)
+    finally:
+        if warm:
+            after_run(run.workers, printer(run.verbose))
 
 
 def check_plan(plan: RunPlan, output_dir: Path, verbose: bool) -> None:

@@ -1,21 +1,23 @@
-"""Windows/s and latency of `rayparallel serve` under live streams, against the naive server and the ceiling.
+"""Windows/s, latency and CPU per window of `rayparallel serve` under live streams, against the server a user
+writes by hand.
 
-Run: python -m benchmarks.serve [--streams 64 --seconds 20 --models small,large]
+Run: python -m benchmarks.serve [--streams 8,32,64 --seconds 15 --models small,large --json PATH]
 
 For each model (the default job's LSTM, 32 units over windows of 8; a larger stateful LSTM, 256 units over
-windows of 32), a local Ray, 2 replicas, and `streams` live streams over loopback HTTP (KServe v2 JSON,
-one aiohttp client in this process, each stream sending its next window once the previous is answered)
-for `seconds`, and the same through the replicas' deployment handle (a caller inside Ray: no HTTP), against
-four servers on the same HTTP ingress and sticky router:
+windows of 32) and each count of live streams, over loopback HTTP (KServe v2 JSON, one aiohttp client in this
+process, each stream sending its next window once the previous is answered and a gap of 0-50 ms has passed):
 
-- `rayparallel`: the stream replicas (`streams / 2` slots each), states kept outside the replicas;
+- `hand-written`: the anchor, `benchmarks/hand_written_server.py`: one process, no Ray, the model at batch 1
+  behind one compiled call a request, each stream's state in a dict (what a user writes instead);
+- `rayparallel`: `rayparallel serve`'s application on a local Ray, 2 replicas (`streams / 2` slots each and
+  half again), states kept: the front (HAProxy) -> each replica's own HTTP server -> its slots' step;
 - `rayparallel, states not kept`: the same, `keep_states=False` (what keeping them costs);
-- `naive`: what a user would write: one batch-1 model a replica, each stream's state swapped in and out of
-  a dict around one model call a request;
-- `echo`: replicas that answer without a model (HTTP, the proxy and routing alone: the ceiling of this setup).
 
-and the ceiling of the model itself: its batch-S step (all S slots, `SlotModel.step`) in a loop in one
-process, no HTTP. The weights are the builder's own initial ones: speed does not depend on them.
+and `rayparallel` through the replicas' deployment handle (a caller inside Ray: no HTTP), and the ceiling of
+the model itself: its batch-S step (all S slots, `SlotModel.step`) in a loop in one process, no HTTP. CPU per
+window is every process's on this machine but the load generator's (the server's, whatever processes it
+has: HAProxy, the replicas, the keeper, Ray's own). The weights are the builder's initial ones: speed does
+not depend on them.
 """
 
 from __future__ import annotations
@@ -24,72 +26,20 @@ import argparse
 import asyncio
 import json
 import os
-import threading
 import time
 
 import numpy as np
 
-from rayparallel.serve.ingress import KServeIngress
-
 MODELS = {"small": {"window": 8, "units": 32}, "large": {"window": 32, "units": 256}}
+KINDS = ("hand-written", "rayparallel", "rayparallel, states not kept")
 
 
-class NaiveReplica:
-    """One batch-1 model; a stream's state put in before its window and taken out after, one request at a time."""
-
-    def __init__(self, recipe, weights, search_path: list[str], model: bool = True):
-        from rayparallel.inference.batches import built_model
-        from rayparallel.serve.slot_model import SlotModel
-
-        self.model = SlotModel(built_model(recipe, weights, search_path, 1)) if model else None
-        self.states: dict = {}
-        self.lock = threading.Lock()
-
-    def infer(self, stream, start: bool, end: bool, window: np.ndarray, token: str = ""):
-        if self.model is None:  # echo: HTTP, the proxy and routing only
-            return 200, {"change": np.zeros((window.shape[0], 1), "float32")}, ""
-        with self.lock:
-            if start:
-                self.model.start(0)
-            else:
-                self.model.restore(0, self.states[stream])
-            outputs = self.model.step({0: window})[0]
-            self.states[stream] = self.model.states_of([0])[0]
-            if end:
-                self.states.pop(stream)
-        return 200, outputs, ""
-
-
-def application(kind: str, kwargs: dict, slots: int):
-    """The Ray Serve application of `kind`, for the stateful LSTM built with `kwargs`."""
-    from ray import serve
-
-    from jobs.stateful_lstm import build_model
-    from rayparallel.serve.app import ServeSettings, build, model_tensors, sticky_router
-    from rayparallel.spec import ModelSpec
-
-    recipe = ModelSpec("jobs.stateful_lstm:build_model", kwargs)
-    model = build_model(slots, **kwargs)
-    weights, search_path = model.get_weights(), [os.getcwd()]
-    if kind.startswith("rayparallel"):
-        settings = ServeSettings("lstm", "1", 2, slots, 60.0, 5.0, keep_states=kind == "rayparallel")
-        return build(recipe, weights, search_path, model, settings)
-    replicas = serve.deployment(
-        NaiveReplica,
-        name="lstm-streams",
-        num_replicas=2,
-        request_router_config=sticky_router(),
-        max_ongoing_requests=1000,
-    ).bind(recipe, weights, search_path, kind == "naive")
-    model_input, outputs = model_tensors(model)
-    ingress = serve.deployment(
-        KServeIngress, name="lstm-http", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000
-    )
-    return ingress.bind(replicas, "lstm", "1", model_input, outputs, False)
+GAP_S = 0.05  # a stream waits between 0 and this long (uniform) before its next window: live streams, not a flood
 
 
 async def load(url: str, streams: int, seconds: float, window: int) -> tuple[int, list[float], int]:
-    """Windows answered, their latencies (s), and failed requests, of `streams` streams for `seconds`."""
+    """Windows answered, their latencies (s), and failed requests, of `streams` streams for `seconds`, each
+    sending its next window once the last is answered and a random gap (0 to `GAP_S`) has passed."""
     import aiohttp
 
     rng = np.random.default_rng(0)
@@ -112,7 +62,9 @@ async def load(url: str, streams: int, seconds: float, window: int) -> tuple[int
                 else:
                     failed += 1
             t += 1
+            await asyncio.sleep(GAP_S * gaps.random())
 
+    gaps = np.random.default_rng(1)
     connector = aiohttp.TCPConnector(limit=streams + 4)
     async with aiohttp.ClientSession(connector=connector) as session:
         await asyncio.gather(*(stream(session, i) for i in range(streams)))
@@ -120,11 +72,12 @@ async def load(url: str, streams: int, seconds: float, window: int) -> tuple[int
 
 
 async def load_handle(handle, streams: int, seconds: float, window: int) -> tuple[int, list[float], int]:
-    """`load` through the stream replicas' deployment handle (a caller inside Ray): no HTTP, no proxy."""
+    """`load` through the stream replicas' deployment handle (a caller inside Ray): no HTTP, no front."""
     windows = np.random.default_rng(0).normal(size=(streams, window, 2)).astype("float32")
     latencies: list[float] = []
     failed = 0
     deadline = time.perf_counter() + seconds
+    gaps = np.random.default_rng(1)
 
     async def stream(i: int) -> None:
         nonlocal failed
@@ -137,35 +90,81 @@ async def load_handle(handle, streams: int, seconds: float, window: int) -> tupl
             else:
                 failed += 1
             t += 1
+            await asyncio.sleep(GAP_S * gaps.random())
 
     await asyncio.gather(*(stream(i) for i in range(streams)))
     return len(latencies), latencies, failed
 
 
 def served(kind: str, kwargs: dict, streams: int, seconds: float, port: int) -> dict:
-    """Both transports' figures for one server: HTTP (`http_*`) and the deployment handle (`handle_*`)."""
+    """One server's figures: over HTTP (`http`), and for rayparallel through the deployment handle (`handle`)."""
+    if kind == "hand-written":
+        return hand_written(kwargs, streams, seconds, port)
     from ray import serve
 
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(application(kind, kwargs, slots(streams)), name="lstm", route_prefix="/")
+    from jobs.stateful_lstm import build_model
+    from rayparallel.serve.app import ServeSettings, build
+    from rayparallel.spec import ModelSpec
+
+    recipe, model = ModelSpec("jobs.stateful_lstm:build_model", kwargs), build_model(slots(streams), **kwargs)
+    keep = kind == "rayparallel"
+    settings = ServeSettings("lstm", "1", 2, slots(streams), 60.0, 5.0, keep_states=keep, port=port)
+    serve.start(proxy_location="Disabled")
+    front = serve.run(
+        build(recipe, model.get_weights(), [os.getcwd()], model, settings), name="lstm", route_prefix=None
+    )
+    while front.ready.remote().result() < 2:
+        time.sleep(0.5)
     url = f"http://127.0.0.1:{port}/v2/models/lstm"
-    handle = serve.get_deployment_handle("lstm-streams", "lstm")
-    figures = {}
-    for transport, run in [
-        ("http", lambda s: load(url, streams, s, kwargs["window"])),
-        ("handle", lambda s: load_handle(handle, streams, s, kwargs["window"])),
-    ]:
-        asyncio.run(run(2.0))  # warm: every stream started, the steps traced
-        windows, latencies, failed = asyncio.run(run(seconds))
-        milliseconds = np.array(latencies) * 1000
-        figures[transport] = {
-            "windows_per_s": windows / seconds,
-            "p50_ms": float(np.percentile(milliseconds, 50)),
-            "p99_ms": float(np.percentile(milliseconds, 99)),
-            "failed": failed,
-        }
+    figures = {"http": measured(lambda s: load(url, streams, s, kwargs["window"]), seconds)}
+    if keep:
+        handle = serve.get_deployment_handle("lstm-streams", "lstm")
+        figures["handle"] = measured(lambda s: load_handle(handle, streams, s, kwargs["window"]), seconds)
     serve.delete("lstm")
     return figures
+
+
+def hand_written(kwargs: dict, streams: int, seconds: float, port: int) -> dict:
+    """The anchor: `benchmarks/hand_written_server.py` in a process of its own, under the same HTTP load."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "benchmarks.hand_written_server", "--port", str(port)]
+    command += ["--window", str(kwargs["window"]), "--units", str(kwargs["units"])]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        server.stdout.readline()  # "ready": the model is built; the port opens a moment later
+        import socket
+
+        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+            time.sleep(0.1)
+        url = f"http://127.0.0.1:{port}/v2/models/lstm"
+        return {"http": measured(lambda s: load(url, streams, s, kwargs["window"]), seconds)}
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def measured(run, seconds: float) -> dict:
+    """`run(seconds)`'s windows/s, p50 and p99 (ms), and the CPU seconds a window costs every process on this
+    machine but this one (the load generator): the server's, whatever processes it has."""
+    import psutil
+
+    asyncio.run(run(2.0))  # warm: every stream started, the steps traced
+    me = psutil.Process()
+    machine, own = psutil.cpu_times(), me.cpu_times()
+    windows, latencies, failed = asyncio.run(run(seconds))
+    machine_after, own_after = psutil.cpu_times(), me.cpu_times()
+    busy = (machine_after.user + machine_after.system) - (machine.user + machine.system)
+    server_cpu = busy - ((own_after.user + own_after.system) - (own.user + own.system))
+    milliseconds = np.array(latencies) * 1000
+    return {
+        "windows_per_s": windows / seconds,
+        "p50_ms": float(np.percentile(milliseconds, 50)),
+        "p99_ms": float(np.percentile(milliseconds, 99)),
+        "cpu_ms_per_window": 1000 * server_cpu / max(windows, 1),
+        "failed": failed,
+    }
 
 
 def slots(streams: int) -> int:
@@ -190,7 +189,7 @@ def ceiling(kwargs: dict, slots: int, seconds: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--streams", type=int, default=64)
+    parser.add_argument("--streams", default="8,32,64", help="counts of live streams, comma-separated")
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--models", default="small,large")
     parser.add_argument("--port", type=int, default=8341)
@@ -198,36 +197,37 @@ def main() -> None:
     args = parser.parse_args()
     import ray
 
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", include_dashboard=False, log_to_driver=False)
     figures: dict = {}
     for name in args.models.split(","):
         kwargs = MODELS[name]
-        figures[name] = {"ceiling": ceiling(kwargs, slots(args.streams), args.seconds / 2)}
-        for kind in ("rayparallel", "rayparallel, states not kept", "naive", "echo"):
-            figures[name][kind] = served(kind, kwargs, args.streams, args.seconds, args.port)
-            print(name, kind, json.dumps(figures[name][kind]), flush=True)
-        report(name, kwargs, figures[name])
+        for streams in map(int, args.streams.split(",")):
+            row = figures.setdefault(name, {})[streams] = {}
+            row["ceiling"] = ceiling(kwargs, slots(streams), min(args.seconds / 2, 5.0))
+            for kind in KINDS:
+                row[kind] = served(kind, kwargs, streams, args.seconds, args.port)
+                print(name, streams, kind, json.dumps(row[kind]), flush=True)
+            report(name, kwargs, streams, row)
     if args.json:
         with open(args.json, "w") as file:
             json.dump(figures, file, indent=1)
 
 
-def report(name: str, kwargs: dict, figures: dict) -> None:
-    print(f"\n{name} model {kwargs}: windows/s, p50 / p99 ms; the model's ceiling {figures['ceiling']:.0f} windows/s")
-    for transport in ("http", "handle"):
-        for kind, row in figures.items():
-            if kind != "ceiling":
-                row = row[transport]
-                latency = f"{row['p50_ms']:.1f} / {row['p99_ms']:.1f} ms"
-                print(f"  {transport:6s} {kind:30s} {row['windows_per_s']:9.1f}  {latency}  failed {row['failed']}")
-        ours, naive = figures["rayparallel"][transport], figures["naive"][transport]
-        unkept = figures["rayparallel, states not kept"][transport]
-        print(
-            f"  {transport}: {ours['windows_per_s'] / naive['windows_per_s']:.2f}x the naive server; keeping states "
-            f"costs {1 - ours['windows_per_s'] / unkept['windows_per_s']:.1%}; "
-            f"{ours['windows_per_s'] / figures['ceiling']:.2f} of the model's ceiling, "
-            f"{ours['windows_per_s'] / figures['echo'][transport]['windows_per_s']:.2f} of echo's"
-        )
+def report(name: str, kwargs: dict, streams: int, figures: dict) -> None:
+    ceiling_line = f"the model's ceiling {figures['ceiling']:.0f} windows/s"
+    print(f"\n{name} model {kwargs}, {streams} streams: windows/s, p50 / p99 ms, CPU ms a window; {ceiling_line}")
+    for kind in KINDS:
+        for transport, row in figures[kind].items():
+            latency = f"{row['p50_ms']:.1f} / {row['p99_ms']:.1f} ms"
+            label = f"{kind} ({transport})"
+            print(
+                f"  {label:38s} {row['windows_per_s']:8.1f}  {latency:20s} {row['cpu_ms_per_window']:.2f}  failed {row['failed']}"
+            )
+    ours, theirs = figures["rayparallel"]["http"], figures["hand-written"]["http"]
+    print(
+        f"  rayparallel: {ours['windows_per_s'] / theirs['windows_per_s']:.2f}x the hand-written server's windows/s, "
+        f"{ours['p99_ms'] / theirs['p99_ms']:.2f}x its p99"
+    )
 
 
 if __name__ == "__main__":

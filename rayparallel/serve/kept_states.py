@@ -5,7 +5,7 @@ the states of a step's streams here before it answers them, and a replica that r
 stream it does not hold (its replica died, or the consistent-hash ring moved it) recalls the stream
 from here and goes on from its last answered window.
 
-Exactly once: every window carries a token, the ingress's id of the HTTP request, the same on each of
+Exactly once: every window carries a token, the front's id of the HTTP request, the same on each of
 its retries. A commit whose token is the stream's last answered one is a retry of a window already
 applied: the kept answer is returned and the state is not stepped twice. A commit from a replica whose
 slot is behind the kept count (the stream moved away and came back) is refused as stale: that replica
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -53,7 +53,7 @@ class KeptStates:
     """The keeper's bookkeeping; a stream idle past `idle_timeout_s` is forgotten, as its slot is freed.
 
     Idle means without a window: a window that waited for its stream's next replica after a death (up to
-    `grace_s`, the ingress's failover wait) is counted from its arrival, not from its recall, so a failover
+    `grace_s`, the front's failover wait) is counted from its arrival, not from its recall, so a failover
     slower than the timeout loses no stream."""
 
     def __init__(self, idle_timeout_s: float, clock: Callable[[], float] = time.monotonic, grace_s: float = 0.0):
@@ -124,4 +124,8 @@ class StateKeeper:
         return self.states.recall(stream, waited_s)
 
     async def commit(self, commits: list[Commit]) -> list[tuple[Verdict, Any]]:
-        return self.states.commit(commits)
+        """The verdicts; a kept window's reply carries only its count (the replica holds its answer and state)."""
+        return [
+            (verdict, replace(kept, answer={}, state=[]) if verdict == "kept" else kept)
+            for verdict, kept in self.states.commit(commits)
+        ]

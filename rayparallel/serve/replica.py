@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import time
 import uuid
@@ -30,8 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .endpoints import KServeEndpoints, listen
 from .kept_states import Commit, Kept, Verdict
 from .metrics import StreamMetrics
+from .protocol import InferRequest, TensorSpec
 from .slots import NotStarted, SlotsFull, SlotTable
 
 if TYPE_CHECKING:
@@ -40,6 +43,17 @@ if TYPE_CHECKING:
     from ..spec import ModelSpec
 
 logger = logging.getLogger("ray.serve")
+
+
+@dataclass(frozen=True)
+class Http:
+    """What a replica serves over HTTP itself (`endpoints`), and the directory it says its address to."""
+
+    name: str
+    version: str
+    model_input: TensorSpec
+    outputs: list[TensorSpec]
+    directory: DeploymentHandle
 
 
 @dataclass
@@ -65,6 +79,7 @@ class StreamReplica:
         idle_timeout_s: float,
         slot_wait_s: float,
         keeper: DeploymentHandle | None = None,
+        http: Http | None = None,
     ):
         from ..inference.batches import built_model
         from .slot_model import SlotModel
@@ -78,21 +93,29 @@ class StreamReplica:
         self.restores: dict[int, list[np.ndarray]] = {}  # state rows to put into a slot before its next step
         self.committing: set[Hashable] = set()  # streams whose last step awaits the keeper's verdict
         self.stepper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rayparallel-step")
-        self.wake: asyncio.Event | None = None
+        self.wake, self.stepped = asyncio.Event(), asyncio.Event()
+        self.to_commit: list[tuple[list[Waiting], dict, dict]] = []  # steps whose windows await their commit
         self.replica = _replica_id()
+        # Ray Serve runs the constructor on the replica's event loop, where the step loops and the HTTP server live
+        loop = asyncio.get_running_loop()
+        loop.create_task(self._steps())
+        loop.create_task(self._commits())
+        if http is not None:  # KServe v2 on a port of its own, to which the front forwards the stream's windows
+            loop.create_task(self._serve_http(http))
         logger.info(f"rayparallel serve: replica up with {slots} slots, idle timeout {idle_timeout_s:g} s")
 
     async def infer(
         self, stream: Hashable, start: bool, end: bool, window: np.ndarray, token: str = "", sent_at: float = 0.0
     ) -> tuple[int, Any, str]:
+        """A window from a caller inside Ray (the deployment's handle, routed by the stream as session id):
+        see `window`; `token` names the window for its retries (none: applied once per call)."""
+        return await self.window(InferRequest(stream, start, end, window), token or uuid.uuid4().hex, sent_at)
+
+    async def window(self, request: InferRequest, token: str, sent_at: float) -> tuple[int, Any, str]:
         """(200, the outputs by name, this replica's id), or (status, one line, id): 400 for a stream that
-        holds no slot, 503 when every slot stayed taken for `slot_wait_s`. `token` names the window for
-        its retries (the ingress's request id); a caller without one gets a window applied once per call.
-        `sent_at` (`time.time()`) is when the window reached the ingress: its wait for this replica is not idling."""
-        token = token or uuid.uuid4().hex
-        if self.wake is None:  # the loop lives in the replica's event loop, started with its first request
-            self.wake = asyncio.Event()
-            asyncio.get_running_loop().create_task(self._steps())
+        holds no slot, 503 when every slot stayed taken for `slot_wait_s`. `token` names the window on its
+        retries; `sent_at` (`time.time()`) is when it reached the front: its wait for this replica is not idling."""
+        stream, start, end = request.sequence_id, request.start, request.end
         try:
             waited_s = time.time() - sent_at if sent_at else 0.0
             kept = None if start or stream in self.table.held() else await self._recall(stream, token, waited_s)
@@ -103,7 +126,8 @@ class StreamReplica:
                 self.restores[slot], self.windows[stream] = kept.state, kept.windows
                 self.metrics.count("taken_over")
             answer = asyncio.get_running_loop().create_future()
-            self.waiting.setdefault(stream, deque()).append(Waiting(stream, slot, window, start, end, token, answer))
+            queued = Waiting(stream, slot, request.window, start, end, token, answer)
+            self.waiting.setdefault(stream, deque()).append(queued)
             self.wake.set()
             return 200, await answer, self.replica
         except NotStarted as exc:
@@ -111,6 +135,20 @@ class StreamReplica:
         except SlotsFull as exc:
             wanted = f"a free slot within {self.slot_wait_s:g} s"
             return 503, f"sequence_start: expected {wanted}, received none ({exc} of this replica)", self.replica
+
+    async def _serve_http(self, http: Http) -> None:
+        """Answer HTTP on a port of its own, and tell the directory where, every second (the fronts forget a
+        silent replica)."""
+        import ray
+
+        endpoints = KServeEndpoints(http.name, http.version, http.model_input, http.outputs, self.window)
+        self.http_runner, port = await listen(endpoints)
+        host = ray.util.get_node_ip_address()
+        directory = http.directory
+        while True:
+            with contextlib.suppress(Exception):  # the directory restarting: next time
+                await directory.register.remote(self.replica, host, port)
+            await asyncio.sleep(1.0)
 
     async def _recall(self, stream: Hashable, token: str, waited_s: float) -> Kept | None:
         """The keeper's state of a stream this replica does not hold; NotStarted if there is none to go on from."""
@@ -147,23 +185,34 @@ class StreamReplica:
                         _reply(head.answer, error=exc)
                     continue
                 self.committing.update(ready)
-                loop.create_task(self._answer(heads, outputs, states))
+                self.to_commit.append((heads, outputs, states))
+                self.stepped.set()
                 self.metrics.step(len(heads), len(self.table.held()))
             self.table.expire()
 
-    async def _answer(self, heads: list[Waiting], outputs: dict, states: dict) -> None:
-        """The step's windows settled by their verdicts; their streams free to step again."""
-        try:
-            verdicts = await self._commit(heads, outputs, states)
-        except Exception as exc:  # the keeper failed: the step's windows hear why
-            for head in heads:
-                _reply(head.answer, error=exc)
-        else:
-            for head, verdict in zip(heads, verdicts, strict=True):
-                self._settle(head, outputs[head.slot], *verdict)
-        finally:
-            self.committing.difference_update(head.stream for head in heads)
-            self.wake.set()
+    async def _commits(self) -> None:
+        """Commit the steps done since the last commit in one call to the keeper (one call in flight at a time:
+        the keeper's queue stays short, so a window's wait for its verdict is one round trip), then settle their
+        windows by their verdicts; their streams are free to step again."""
+        while True:
+            await self.stepped.wait()
+            self.stepped.clear()
+            while self.to_commit:
+                steps, self.to_commit = self.to_commit, []
+                heads = [head for step_heads, _, _ in steps for head in step_heads]
+                outputs = {id(head): step_outputs[head.slot] for hs, step_outputs, _ in steps for head in hs}
+                states = {id(head): step_states.get(head.slot) for hs, _, step_states in steps for head in hs}
+                try:
+                    verdicts = await self._commit(heads, outputs, states)
+                except Exception as exc:  # the keeper failed: the steps' windows hear why
+                    for head in heads:
+                        _reply(head.answer, error=exc)
+                else:
+                    for head, verdict in zip(heads, verdicts, strict=True):
+                        self._settle(head, outputs[id(head)], *verdict)
+                finally:
+                    self.committing.difference_update(head.stream for head in heads)
+                    self.wake.set()
 
     def _timed_out(self, stream: Hashable) -> None:
         self.windows.pop(stream, None)
@@ -180,13 +229,14 @@ class StreamReplica:
         return outputs, self.model.states_of([head.slot for head in heads]) if self.keeper else {}
 
     async def _commit(self, heads: list[Waiting], outputs: dict, states: dict) -> list[tuple[Verdict, Kept | None]]:
+        """The keeper's verdicts on `heads` (`outputs` and `states` by each head's `id`)."""
         if self.keeper is None:
             return [("kept", None)] * len(heads)
         commits = []
         for head in heads:
             after = 0 if head.start else self.windows.get(head.stream, 0)
             commits.append(
-                Commit(head.stream, head.token, after, head.start, head.end, outputs[head.slot], states[head.slot])
+                Commit(head.stream, head.token, after, head.start, head.end, outputs[id(head)], states[id(head)])
             )
         return await self.keeper.commit.remote(commits)
 

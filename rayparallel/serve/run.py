@@ -26,8 +26,10 @@ if TYPE_CHECKING:
     from ..checkpoint.export import Rebuilt
 
 
-# Ray Serve's `proxy_location`: an HTTP proxy on every node (a load balancer in front), or on the head only
+# where the fronts run, in Ray Serve's words (`proxy_location`): one on every node (a load balancer in front of
+# them), or one on the head only
 PROXY_LOCATIONS = ("EveryNode", "HeadOnly")
+READY_S = 600.0  # how long the command waits for every replica to answer through the front
 
 
 @dataclass
@@ -41,10 +43,9 @@ class Served:
     version: str  # the registered model's version, else "1"
     slots: int
     replicas: int
-    # Ray Serve's handle of the application's HTTP ingress; callers inside Ray reach the stream replicas with
-    # `ray.serve.get_deployment_handle(f"{name}-streams", name).options(session_id=str(sequence_id))` and
-    # `.infer.remote(sequence_id, start, end, window, token)` -> (status, outputs or one line, replica id); the
-    # same `token` on a retry of a window applies it once (the ingress sends a new one per HTTP request), and
+    # the stream replicas' deployment handle, for callers inside Ray:
+    # `handle.options(session_id=str(sequence_id)).infer.remote(sequence_id, start, end, window, token)` ->
+    # (status, outputs or one line, replica id); the same `token` on a retry of a window applies it once, and
     # `sent_at=time.time()` of its first try keeps its wait for a dead replica's successor from counting as idle
     handle: DeploymentHandle
 
@@ -92,36 +93,47 @@ def serve(
     rebuilt, source, version = _weights(job, weights, model, unlisted, settings.slots)
     settings = replace(settings, version=version)
     _check_model(rebuilt.model)
-    handle = _run(job, rebuilt, settings, {"host": host, "port": port}, proxy_location, worker_logs, verbose)
+    settings = replace(settings, host=host, port=port, head_only=proxy_location == "HeadOnly")
+    handle = _run(job, rebuilt, settings, worker_logs, verbose)
     url = f"http://{host}:{port}/v2/models/{settings.name}"
     served = Served(url, settings.name, source, rebuilt.why, version, settings.slots, settings.num_replicas, handle)
     printer(verbose)(_up_line(served, settings, "model" if model else "weights"))
     return served
 
 
-def _run(
-    job: Any,
-    rebuilt: Rebuilt,
-    settings: ServeSettings,
-    http: dict,
-    proxy_location: str,
-    worker_logs: bool,
-    verbose: bool,
-) -> DeploymentHandle:
-    """The application started on Ray Serve (on the Ray this process joins or starts); its ingress' handle."""
+def _run(job: Any, rebuilt: Rebuilt, settings: ServeSettings, worker_logs: bool, verbose: bool) -> DeploymentHandle:
+    """The application started on Ray Serve (on the Ray this process joins or starts), once every replica
+    answers through the fronts; the stream replicas' handle."""
     from ray import serve as ray_serve
 
     from ..cluster import connect
 
     working_dir = os.getcwd()  # before Ray, as predict takes it
     connect.connect(worker_logs)  # a local Ray started here lives as long as this process
+    settings = replace(settings, fronts=1 if settings.head_only else _nodes())
     if not worker_logs:  # Ray Serve's own start-up lines: the one line the caller prints says what runs where
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
-    ray_serve.start(http_options=http, proxy_location=proxy_location)
+    ray_serve.start(proxy_location="Disabled")  # no window passes through Ray Serve's proxy: the fronts take them
     app = build(rebuilt.recipe, rebuilt.model.get_weights(), [working_dir], rebuilt.model, settings)
     waiting = "Ray Serve is starting the replicas (each imports TensorFlow and builds the model) or waits for CPUs"
     with warned_while(waiting, job.run.stall_warning_s, printer(verbose)):  # as predict says what its workers wait for
-        return ray_serve.run(app, name=settings.name, route_prefix="/", blocking=False)
+        front = ray_serve.run(app, name=settings.name, route_prefix=None, blocking=False)
+        deadline = time.monotonic() + READY_S
+        while front.ready.remote().result() < settings.num_replicas:
+            if time.monotonic() > deadline:
+                raise RayParallelError(
+                    f"--replicas: expected {settings.num_replicas} replicas answering within {READY_S:g} s, received "
+                    f"fewer (Ray Serve's logs say why: `ray logs`, or the dashboard's Serve page)"
+                )
+            time.sleep(0.5)
+    return ray_serve.get_deployment_handle(f"{settings.name}-streams", settings.name)
+
+
+def _nodes() -> int:
+    """The cluster's alive nodes: a front on each (`proxy_location="EveryNode"`)."""
+    import ray
+
+    return max(1, sum(1 for node in ray.nodes() if node["Alive"]))
 
 
 def _up_line(served: Served, settings: ServeSettings, given: str) -> str:

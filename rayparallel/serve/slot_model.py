@@ -9,6 +9,7 @@ windows at batch 1 with its state carried (`tests/test_serve_slots.py`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,7 +22,11 @@ if TYPE_CHECKING:
 
 
 class SlotModel:
-    """`model` (built for S rows, one input of shape (S, window...)) stepped slot by slot."""
+    """`model` (built for S rows, one input of shape (S, window...)) stepped slot by slot.
+
+    A step is one compiled call (`tf.function`, traced once: the batch and the masks keep their shapes) that
+    zeroes the state rows of the slots that start, runs the model, and puts back the state rows of the slots
+    without a window, all on the states' own device: no `predict_on_batch`, no host copy of a state."""
 
     def __init__(self, model: keras.Model):
         if len(model.inputs) != 1 or model.inputs[0].shape[0] is None:
@@ -32,27 +37,25 @@ class SlotModel:
         self.window_shape = tuple(model.inputs[0].shape[1:])
         self.dtype = model.inputs[0].dtype
         self.states = [variable for layer in stateful_layers(model) for variable in layer.states]
+        self._batch = np.zeros((self.slots, *self.window_shape), dtype=np.dtype(self.dtype))
+        self._call = _compiled_step(model, self.states)
+        self._starting: set[int] = set()
 
     def start(self, slot: int) -> None:
-        """The slot's state from zero, as a new stream's (Keras' initial states are zeros)."""
-        for variable in self.states:
-            rows = np.asarray(variable.numpy())
-            rows[slot] = 0
-            variable.assign(rows)
+        """The slot's state from zero at its next step, as a new stream's (Keras' initial states are zeros)."""
+        self._starting.add(slot)
 
     def step(self, windows: dict[int, np.ndarray]) -> dict[int, dict[str, np.ndarray]]:
         """One window for each slot in `windows` (slot -> one window, without a batch axis): each slot's
         outputs (by output name, one row each); every slot not in `windows` keeps its state."""
-        batch = np.zeros((self.slots, *self.window_shape), dtype=np.dtype(self.dtype))
+        batch, stepped, starting = self._batch, np.zeros(self.slots, bool), np.zeros(self.slots, bool)
+        batch[:] = 0
         for slot, window in windows.items():
             batch[slot] = window
-        before = [np.asarray(variable.numpy()) for variable in self.states]
-        outputs = named_outputs(self.model, self.model.predict_on_batch(batch))
-        stepped = np.zeros(self.slots, dtype=bool)
         stepped[list(windows)] = True
-        for variable, old in zip(self.states, before, strict=True):
-            keep = stepped.reshape((-1,) + (1,) * (old.ndim - 1))
-            variable.assign(np.where(keep, np.asarray(variable.numpy()), old))
+        starting[list(self._starting)] = True
+        self._starting.clear()
+        outputs = named_outputs(self.model, self._call(batch, stepped, starting))
         return {slot: {name: values[slot] for name, values in outputs.items()} for slot in windows}
 
     def states_of(self, slots: list[int]) -> dict[int, list[np.ndarray]]:
@@ -61,8 +64,31 @@ class SlotModel:
         return {slot: [rows[slot].copy() for rows in values] for slot in slots}
 
     def restore(self, slot: int, rows: list[np.ndarray]) -> None:
-        """A stream's state rows (`states_of` of another replica's slot) put into `slot`."""
+        """A stream's state rows (`states_of` of another replica's slot) put into `slot` (a start asked before
+        is dropped: the rows are the stream's state)."""
+        self._starting.discard(slot)
         for variable, row in zip(self.states, rows, strict=True):
-            values = np.asarray(variable.numpy())
+            values = np.array(variable.numpy())
             values[slot] = row
             variable.assign(values)
+
+
+def _compiled_step(model: keras.Model, states: list) -> Callable:
+    """`call(batch, stepped, starting)`: the starting slots' states zeroed, the model run on the batch, the
+    states of the slots not stepped put back; the model's outputs for every slot."""
+    import tensorflow as tf
+
+    def rows(mask, like):
+        return tf.reshape(mask, (-1,) + (1,) * (len(like.shape) - 1))
+
+    @tf.function(reduce_retracing=True)
+    def call(batch, stepped, starting):
+        for variable in states:
+            variable.assign(tf.where(rows(starting, variable), tf.zeros_like(variable.value), variable.value))
+        before = [tf.identity(variable.value) for variable in states]
+        outputs = model(batch, training=False)
+        for variable, old in zip(states, before, strict=True):
+            variable.assign(tf.where(rows(stepped, old), variable.value, old))
+        return outputs
+
+    return call

@@ -144,7 +144,7 @@ def _add_serve(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
     serve.add_argument(
-        "--proxy-location", default="EveryNode", help="Ray Serve's HTTP proxies: EveryNode (default) or HeadOnly"
+        "--proxy-location", default="EveryNode", help="where the fronts (HAProxy) run: EveryNode (default) or HeadOnly"
     )
     serve.add_argument("--detach", action="store_true", help="leave it running on the cluster in RAY_ADDRESS")
     _repeatable(serve, "--set", "overrides", "KEY=VALUE", "override a spec value")

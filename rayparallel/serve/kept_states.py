@@ -14,6 +14,8 @@ puts the kept state in its slot and steps the window again.
 
 from __future__ import annotations
 
+import asyncio
+import secrets
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, replace
@@ -22,6 +24,7 @@ from typing import Any, Literal
 import numpy as np
 
 Verdict = Literal["kept", "duplicate", "stale"]
+SECRET_HEADER = "x-rayparallel-secret"
 
 
 @dataclass
@@ -113,12 +116,21 @@ class KeptStates:
 class StateKeeper:
     """The Ray Serve deployment (one replica, `app.build`) holding `KeptStates` for every stream replica.
 
-    Its methods are coroutines without an await: Ray Serve runs them one at a time on the replica's event
-    loop, so each commit is applied whole.
+    The replicas reach it on an HTTP port of its own (`keeper_link`), found through its deployment handle
+    (`address`): a commit is then one hop between two event loops, with no Ray Serve router or thread on the
+    way. Every request must carry the secret that `address` gives (through Ray) and no pickle crosses the
+    port (`wire`). Its handlers have no await between reading and writing the states: each commit is whole.
     """
 
     def __init__(self, idle_timeout_s: float, grace_s: float = 0.0):
         self.states = KeptStates(idle_timeout_s, grace_s=grace_s)
+        self.secret = secrets.token_hex(16)
+        self.listening: asyncio.Future = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().create_task(self._listen())
+
+    async def address(self) -> tuple[str, int, str]:
+        """(host, port, secret) of the keeper's HTTP port, once it listens."""
+        return await asyncio.shield(self.listening)
 
     async def recall(self, stream: Hashable, waited_s: float = 0.0) -> Kept | None:
         return self.states.recall(stream, waited_s)
@@ -129,3 +141,29 @@ class StateKeeper:
             (verdict, replace(kept, answer={}, state=[]) if verdict == "kept" else kept)
             for verdict, kept in self.states.commit(commits)
         ]
+
+    async def _listen(self) -> None:
+        import ray
+        from aiohttp import web
+
+        from .wire import pack, unpack
+
+        async def handle(request: web.Request) -> web.Response:
+            if request.headers.get(SECRET_HEADER) != self.secret:
+                return web.Response(status=403, text="x-rayparallel-secret: expected the keeper's, received another")
+            body = unpack(await request.read())
+            if request.path == "/commit":
+                verdicts = await self.commit([Commit(**commit) for commit in body])
+                answer = [[verdict, None if kept is None else vars(kept)] for verdict, kept in verdicts]
+            else:
+                kept = await self.recall(body["stream"], body["waited_s"])
+                answer = None if kept is None else vars(kept)
+            return web.Response(body=pack(answer), content_type="application/octet-stream")
+
+        app = web.Application(client_max_size=256 * 2**20)
+        app.router.add_post("/{path:commit|recall}", handle)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        await web.TCPSite(runner, "0.0.0.0", 0).start()
+        self.runner = runner
+        self.listening.set_result((ray.util.get_node_ip_address(), runner.addresses[0][1], self.secret))

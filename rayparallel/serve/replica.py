@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .endpoints import KServeEndpoints, listen
+from .keeper_link import KeeperLink
 from .kept_states import Commit, Kept, Verdict
 from .metrics import StreamMetrics
 from .protocol import InferRequest, TensorSpec
@@ -87,7 +88,7 @@ class StreamReplica:
         self.model = SlotModel(built_model(recipe, weights, search_path, slots))
         self.table = SlotTable(slots, idle_timeout_s, on_timeout=self._timed_out)
         self.metrics = StreamMetrics(slots)
-        self.slot_wait_s, self.keeper = slot_wait_s, keeper
+        self.slot_wait_s, self.keeper = slot_wait_s, KeeperLink(keeper) if keeper is not None else None
         self.waiting: dict[Hashable, deque[Waiting]] = {}
         self.windows: dict[Hashable, int] = {}  # each held stream's answered windows, as the keeper counts them
         self.restores: dict[int, list[np.ndarray]] = {}  # state rows to put into a slot before its next step
@@ -152,7 +153,7 @@ class StreamReplica:
 
     async def _recall(self, stream: Hashable, token: str, waited_s: float) -> Kept | None:
         """The keeper's state of a stream this replica does not hold; NotStarted if there is none to go on from."""
-        kept = None if self.keeper is None else await self.keeper.recall.remote(stream, waited_s)
+        kept = None if self.keeper is None else await self.keeper.recall(stream, waited_s)
         if kept is None or (kept.ended and kept.token != token):
             raise self.table.not_started(stream)
         return kept
@@ -191,28 +192,31 @@ class StreamReplica:
             self.table.expire()
 
     async def _commits(self) -> None:
-        """Commit the steps done since the last commit in one call to the keeper (one call in flight at a time:
-        the keeper's queue stays short, so a window's wait for its verdict is one round trip), then settle their
-        windows by their verdicts; their streams are free to step again."""
+        """Commit the steps done since the last look in one call to the keeper, beside the calls still in flight
+        (a window waits for its own round trip only), then settle their windows by their verdicts."""
         while True:
             await self.stepped.wait()
             self.stepped.clear()
-            while self.to_commit:
+            if self.to_commit:
                 steps, self.to_commit = self.to_commit, []
-                heads = [head for step_heads, _, _ in steps for head in step_heads]
-                outputs = {id(head): step_outputs[head.slot] for hs, step_outputs, _ in steps for head in hs}
-                states = {id(head): step_states.get(head.slot) for hs, _, step_states in steps for head in hs}
-                try:
-                    verdicts = await self._commit(heads, outputs, states)
-                except Exception as exc:  # the keeper failed: the steps' windows hear why
-                    for head in heads:
-                        _reply(head.answer, error=exc)
-                else:
-                    for head, verdict in zip(heads, verdicts, strict=True):
-                        self._settle(head, outputs[id(head)], *verdict)
-                finally:
-                    self.committing.difference_update(head.stream for head in heads)
-                    self.wake.set()
+                asyncio.get_running_loop().create_task(self._settle_steps(steps))
+
+    async def _settle_steps(self, steps: list[tuple[list[Waiting], dict, dict]]) -> None:
+        """The steps' windows settled by their verdicts; their streams free to step again."""
+        heads = [head for step_heads, _, _ in steps for head in step_heads]
+        outputs = {id(head): step_outputs[head.slot] for hs, step_outputs, _ in steps for head in hs}
+        states = {id(head): step_states.get(head.slot) for hs, _, step_states in steps for head in hs}
+        try:
+            verdicts = await self._commit(heads, outputs, states)
+        except Exception as exc:  # the keeper failed: the steps' windows hear why
+            for head in heads:
+                _reply(head.answer, error=exc)
+        else:
+            for head, verdict in zip(heads, verdicts, strict=True):
+                self._settle(head, outputs[id(head)], *verdict)
+        finally:
+            self.committing.difference_update(head.stream for head in heads)
+            self.wake.set()
 
     def _timed_out(self, stream: Hashable) -> None:
         self.windows.pop(stream, None)
@@ -238,7 +242,7 @@ class StreamReplica:
             commits.append(
                 Commit(head.stream, head.token, after, head.start, head.end, outputs[id(head)], states[id(head)])
             )
-        return await self.keeper.commit.remote(commits)
+        return await self.keeper.commit(commits)
 
     def _settle(self, head: Waiting, outputs: dict[str, np.ndarray], verdict: Verdict, kept: Kept | None) -> None:
         if verdict == "stale" and (kept is None or kept.ended):  # ended or idle elsewhere meanwhile

@@ -78,9 +78,9 @@ def serve(
     `sequence_start`, frees it at `sequence_end` or after `idle_timeout_s`, and its answers are what the
     batch-1 loop over its windows gives. With `keep_states` each step's states are kept outside the
     replicas before they answer, so a replica's death loses no stream (its windows go on on another
-    replica, a window in flight applied once). `proxy_location` is Ray Serve's: `EveryNode` (its
-    default) or `HeadOnly`. The application stays up while Ray does (`ray.serve.delete(name)` ends it;
-    the command line ends it at Ctrl-C).
+    replica, a window in flight applied once). `proxy_location`, in Ray Serve's words, says where the
+    fronts (HAProxy, forwarding each window to its stream's replica) run: `EveryNode` or `HeadOnly`. The
+    application stays up while Ray does (`ray.serve.delete(name)` ends it; the command line ends it at Ctrl-C).
 
     Examples:
         >>> served = rayparallel.serve("jobs/stateful_lstm.yaml", weights="runs/stateful-lstm-co2/checkpoints")  # doctest: +SKIP

@@ -338,8 +338,8 @@ def test_ray_job_submit_serves_streams_from_a_replica_on_each_node(cluster, defa
 
 
 def _serving(client, url: str, ray_job: list, address: str, job_id: str, env: dict, timeout: float = 300):
-    """Triton's client once the command says it is up: every replica started (the ingress answers before,
-    and a stream started then is placed on the replicas up at the time); the job's logs if it ended."""
+    """Triton's client once the command says it is up (every replica answers through the front by then);
+    the job's logs if it ended."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         logs = subprocess.run([*ray_job, "logs", "--address", address, job_id], capture_output=True, text=True, env=env)

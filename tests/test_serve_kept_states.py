@@ -100,12 +100,12 @@ def test_a_bad_serve_argument_is_one_line_before_anything_starts(arguments, expe
 
 def test_a_window_that_waited_for_its_next_replica_is_not_counted_idle():
     """A failover slower than the idle timeout (10 s in CI's test, 9.7 s to rebuild the ring) loses no stream: the
-    window's wait since it reached the ingress (up to the grace) is not the stream's idling; a stream that sent
+    window's wait since it reached the front (up to the grace) is not the stream's idling; a stream that sent
     nothing for longer than the timeout is still forgotten."""
     clock = Clock()
     keeper = KeptStates(idle_timeout_s=10.0, clock=clock, grace_s=120.0)
     keeper.commit([commit("moved", "m1", 0, start=True), commit("quiet", "q1", 0, start=True)])
-    clock.now = 2.0  # the next window reaches the ingress; its replica dies with it
+    clock.now = 2.0  # the next window reaches the front; its replica dies with it
     clock.now = 13.0  # another stream's call sweeps meanwhile: the waiting one is not dropped
     assert keeper.recall("other") is None
     kept = keeper.recall("moved", waited_s=11.0)  # its next replica recalls it, 11 s after the window arrived

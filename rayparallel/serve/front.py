@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -144,6 +145,8 @@ class HAProxyFront:
     def __del__(self):
         with contextlib.suppress(Exception):
             self.haproxy.terminate()
+            self.haproxy.wait(timeout=10)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
     async def _watch(self) -> None:
         while True:

@@ -16,7 +16,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from .helpers import cli, free_port
+from .helpers import cli, free_port, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -200,6 +200,44 @@ def test_a_replica_killed_mid_stream_loses_no_stream_and_applies_each_window_onc
     assert taken_over(figures), figures
     assert figures.get("streams_started_total", 0) >= len(streams) - len(moved), figures
     assert figures.get("streams_ended_total", 0) >= 1 and figures.get("batch_fill_count", 0) >= 1, figures
+
+
+def test_every_slot_of_the_deployment_takes_a_stream_and_one_more_waits_for_an_end(server):
+    """2 replicas x 8 slots: 16 streams started at once are all answered (a start whose replica is full takes a
+    free slot of the other, where its later windows find it); a 17th start waits, as in Triton's backlog, and
+    is answered once a stream ends; every stream's answers equal its batch-1 loop."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ray import serve
+
+    url, weights = server
+    front = serve.get_deployment_handle(f"{NAME}-front", NAME)
+    assert wait_for(lambda: front.ready.remote().result() == 2, 300)  # the killed replica's successor is up
+    time.sleep(IDLE_S + 1.0)  # the module's earlier streams idle past the timeout: every slot free
+    rng = np.random.default_rng(31)
+    streams = {i: list(rng.normal(size=(3, 8, 2)).astype("float32")) for i in range(201, 218)}
+    answers: dict[int, list] = {i: [] for i in streams}
+
+    def send(i: int, t: int, end: bool = False) -> str:
+        change, replica = infer(client(url), streams[i][t], i, start=t == 0, end=end)
+        answers[i].append(change)
+        return replica
+
+    first16 = list(streams)[:16]
+    with ThreadPoolExecutor(17) as pool:
+        placed = list(pool.map(lambda i: send(i, 0), first16))
+        assert len(set(placed)) == 2, placed  # both replicas hold streams
+        waiting = pool.submit(send, 217, 0)
+        time.sleep(1.5)
+        assert not waiting.done()  # every slot taken: the start waits
+        send(201, 1, end=True)
+        waiting.result(timeout=30)
+        rest = [i for i in streams if i != 201]
+        list(pool.map(lambda i: send(i, 1), rest))
+        list(pool.map(lambda i: send(i, 2, end=True), rest))
+    for i, windows in streams.items():
+        expected = batch_1_loop(weights, windows[:2] if i == 201 else windows)
+        assert np.abs(np.array(answers[i]) - expected).max() < 1e-5, i
 
 
 def ray_metrics(ready, timeout_s: float = 60.0) -> dict[str, float]:

@@ -25,17 +25,29 @@ if TYPE_CHECKING:
 
 INFER = re.compile(r"/v2/models/(?P<name>[^/]+)(/versions/(?P<version>[^/]+))?/infer")
 TOKEN_HEADER, SENT_AT_HEADER = "x-rayparallel-token", "x-rayparallel-sent-at"
-AnswerWindow = Callable[[InferRequest, str, float], Awaitable[tuple[int, Any, str]]]
+FORWARDED_HEADER = "x-rayparallel-forwarded"  # a window a replica sent on: its receiver never sends it further
+AnswerWindow = Callable[[InferRequest, str, float, bool], Awaitable[tuple[int, Any, str]]]
+
+
+class Forward(Exception):
+    """The window goes to the replica at `address` (`host:port`): its stream was placed there."""
+
+    def __init__(self, address: str):
+        super().__init__(address)
+        self.address = address
 
 
 class KServeEndpoints:
-    """`/v2/...` for one model; `answer_window(request, token, sent_at)` -> (status, outputs or one line, replica)."""
+    """`/v2/...` for one model; `answer_window(request, token, sent_at, forwarded)` -> (status, outputs or one line,
+    replica), or `Forward`: the request is sent on as it came, once (`forwarded` tells the receiver), and its
+    answer relayed; when that replica cannot be reached, the window is answered here after all."""
 
     def __init__(
         self, name: str, version: str, model_input: TensorSpec, outputs: list[TensorSpec], answer_window: AnswerWindow
     ):
         self.name, self.version, self.model_input, self.outputs = name, version, model_input, outputs
         self.answer_window = answer_window
+        self.session = None  # aiohttp's, for forwarded windows
 
     async def handle(self, request: web.Request) -> web.Response:
         from aiohttp import web
@@ -44,10 +56,32 @@ class KServeEndpoints:
             status, body = await self._answer(request)
         except ProtocolError as exc:
             status, body = exc.status, exc.body()
+        except Forward as forward:
+            relayed = await self._forward(request, forward.address)
+            if relayed is not None:
+                return relayed
+            status, body = await self._answer(request, local=True)
         # NaN and infinity as JSON writers and Triton's client read them: a window's NaN is the model's answer
         return web.Response(body=json.dumps(body), status=status, content_type="application/json")
 
-    async def _answer(self, request: web.Request) -> tuple[int, dict]:
+    async def _forward(self, request: web.Request, address: str) -> web.Response | None:
+        """The request sent on to the replica at `address`, its answer; None when it cannot be reached."""
+        import aiohttp
+        from aiohttp import web
+
+        if self.session is None:
+            self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+        headers = {key: value for key, value in request.headers.items() if key.lower().startswith(("x-", "inference-"))}
+        headers[FORWARDED_HEADER] = "1"
+        try:
+            async with self.session.post(
+                f"http://{address}{request.path}", data=await request.read(), headers=headers
+            ) as answer:
+                return web.Response(body=await answer.read(), status=answer.status, content_type="application/json")
+        except (aiohttp.ClientError, OSError):
+            return None
+
+    async def _answer(self, request: web.Request, local: bool = False) -> tuple[int, dict]:
         path = request.path.rstrip("/")
         if path in ("/v2/health/live", "/v2/health/ready"):
             return 200, {}
@@ -68,8 +102,9 @@ class KServeEndpoints:
         parsed = parse_infer(await request.read(), header_length, self.model_input)
         token = request.headers.get(TOKEN_HEADER) or uuid.uuid4().hex
         sent_at = request.headers.get(SENT_AT_HEADER, "")
+        forwarded = local or request.headers.get(FORWARDED_HEADER) == "1"
         status, result, replica = await self.answer_window(
-            parsed, token, int(sent_at) / 1000 if sent_at.isdigit() else time.time()
+            parsed, token, int(sent_at) / 1000 if sent_at.isdigit() else time.time(), forwarded
         )
         if status != 200:
             raise ProtocolError(status, result)

@@ -36,18 +36,22 @@ FAILOVER_S = 120.0  # how long a window waits for its stream's next replica afte
 
 
 class ReplicaDirectory:
-    """A Ray Serve deployment (one replica): where each live stream replica answers HTTP, as it last said."""
+    """A Ray Serve deployment (one replica): where each live stream replica answers HTTP and how many free
+    slots it has, as it last said."""
 
     def __init__(self):
-        self.heard: dict[str, tuple[str, int, float]] = {}
+        self.heard: dict[str, tuple[str, int, int, float]] = {}
 
-    async def register(self, replica: str, host: str, port: int) -> None:
-        self.heard[replica] = (host, port, time.monotonic())
+    async def register(self, replica: str, host: str, port: int, free: int = 0) -> dict[str, tuple[str, int, int]]:
+        """Note the replica's address and free slots; the others' (each replica places starts it has no room for)."""
+        self.heard[replica] = (host, port, free, time.monotonic())
+        return await self.addresses()
 
-    async def addresses(self) -> dict[str, tuple[str, int]]:
+    async def addresses(self) -> dict[str, tuple[str, int, int]]:
+        """Each live replica's (host, port, free slots)."""
         now = time.monotonic()
-        self.heard = {r: seen for r, seen in self.heard.items() if now - seen[2] < HEARD_WITHIN_S}
-        return {replica: (host, port) for replica, (host, port, _) in self.heard.items()}
+        self.heard = {r: seen for r, seen in self.heard.items() if now - seen[3] < HEARD_WITHIN_S}
+        return {replica: (host, port, free) for replica, (host, port, free, _) in self.heard.items()}
 
 
 # The stream of a request, for the hash: the `x-session-id` header, else the JSON's `parameters.sequence_id`
@@ -159,7 +163,7 @@ class HAProxyFront:
         addresses = await self.directory.addresses.remote()
         for replica in [r for r in self.placed if r not in addresses]:
             await self._command(f"set server replicas/{self.placed.pop(replica)} state maint")
-        for replica, (host, port) in addresses.items():
+        for replica, (host, port, _) in addresses.items():
             if replica in self.placed:
                 continue
             free = [f"r{i}" for i in range(1, self.servers + 1) if f"r{i}" not in self.placed.values()]

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .endpoints import KServeEndpoints, listen
+from .endpoints import Forward, KServeEndpoints, listen
 from .keeper_link import KeeperLink
 from .kept_states import Commit, Kept, Verdict
 from .metrics import StreamMetrics
@@ -96,6 +96,9 @@ class StreamReplica:
         self.stepper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rayparallel-step")
         self.wake, self.stepped = asyncio.Event(), asyncio.Event()
         self.to_commit: list[tuple[list[Waiting], dict, dict]] = []  # steps whose windows await their commit
+        self.backlog: deque[object] = deque()  # starts waiting for a slot, in arrival order
+        self.peers: dict[str, tuple[str, int, int]] = {}  # every replica's (host, port, free slots), as last said
+        self.elsewhere: dict[Hashable, tuple[str, float]] = {}  # streams placed on another replica: its address
         self.replica = _replica_id()
         # Ray Serve runs the constructor on the replica's event loop, where the step loops and the HTTP server live
         loop = asyncio.get_running_loop()
@@ -110,19 +113,29 @@ class StreamReplica:
     ) -> tuple[int, Any, str]:
         """A window from a caller inside Ray (the deployment's handle, routed by the stream as session id):
         see `window`; `token` names the window for its retries (none: applied once per call)."""
-        return await self.window(InferRequest(stream, start, end, window), token or uuid.uuid4().hex, sent_at)
+        request = InferRequest(stream, start, end, window)
+        return await self.window(request, token or uuid.uuid4().hex, sent_at, forwarded=True)
 
-    async def window(self, request: InferRequest, token: str, sent_at: float) -> tuple[int, Any, str]:
+    async def window(
+        self, request: InferRequest, token: str, sent_at: float, forwarded: bool = False
+    ) -> tuple[int, Any, str]:
         """(200, the outputs by name, this replica's id), or (status, one line, id): 400 for a stream that
-        holds no slot, 503 when every slot stayed taken for `slot_wait_s`. `token` names the window on its
-        retries; `sent_at` (`time.time()`) is when it reached the front: its wait for this replica is not idling."""
+        holds no slot, 503 when every slot of the deployment stayed taken for `slot_wait_s`. `token` names the
+        window on its retries; `sent_at` (`time.time()`) is when it reached the front: its wait for this replica
+        is not idling. Raises `Forward` for a window whose stream this replica placed on another (a start it
+        had no room for), unless the window was `forwarded` already (then it is answered here)."""
         stream, start, end = request.sequence_id, request.start, request.end
+        placed = self.elsewhere.pop(stream, None)
+        if placed is not None and not forwarded:
+            if not end:
+                self.elsewhere[stream] = (placed[0], time.monotonic())
+            raise Forward(placed[0])
         try:
             waited_s = time.time() - sent_at if sent_at else 0.0
             kept = None if start or stream in self.table.held() else await self._recall(stream, token, waited_s)
             if kept is not None and kept.token == token:  # a retry of a window answered before its replica died
                 return 200, kept.answer, self.replica
-            slot = await self._slot(stream, start or kept is not None)
+            slot = await self._slot(stream, start or kept is not None, forwarded)
             if kept is not None:
                 self.restores[slot], self.windows[stream] = kept.state, kept.windows
                 self.metrics.count("taken_over")
@@ -133,9 +146,12 @@ class StreamReplica:
             return 200, await answer, self.replica
         except NotStarted as exc:
             return 400, str(exc), self.replica
-        except SlotsFull as exc:
-            wanted = f"a free slot within {self.slot_wait_s:g} s"
-            return 503, f"sequence_start: expected {wanted}, received none ({exc} of this replica)", self.replica
+        except SlotsFull:
+            wanted, replicas = f"a free slot within {self.slot_wait_s:g} s", max(len(self.peers), 1)
+            taken = (
+                f"every one of the {self.table.slots} slots of each of the deployment's {replicas} replicas is taken"
+            )
+            return 503, f"sequence_start: expected {wanted}, received none ({taken})", self.replica
 
     async def _serve_http(self, http: Http) -> None:
         """Answer HTTP on a port of its own, and tell the directory where, every second (the fronts forget a
@@ -147,8 +163,11 @@ class StreamReplica:
         host = ray.util.get_node_ip_address()
         directory = http.directory
         while True:
+            free = self.table.slots - len(self.table.held())
             with contextlib.suppress(Exception):  # the directory restarting: next time
-                await directory.register.remote(self.replica, host, port)
+                self.peers = await directory.register.remote(self.replica, host, port, free)
+            stale = time.monotonic() - self.table.idle_timeout_s
+            self.elsewhere = {stream: placed for stream, placed in self.elsewhere.items() if placed[1] > stale}
             await asyncio.sleep(1.0)
 
     async def _recall(self, stream: Hashable, token: str, waited_s: float) -> Kept | None:
@@ -158,15 +177,30 @@ class StreamReplica:
             raise self.table.not_started(stream)
         return kept
 
-    async def _slot(self, stream: Hashable, start: bool) -> int:
-        deadline = asyncio.get_running_loop().time() + self.slot_wait_s
-        while True:
-            try:
-                return self.table.take(stream, start)[0]
-            except SlotsFull:
+    async def _slot(self, stream: Hashable, start: bool, forwarded: bool) -> int:
+        """The stream's slot here. A start that finds none goes to a replica with a free one (unless `forwarded`:
+        then it waits here), else waits in arrival order (Triton's backlog) up to `slot_wait_s`: `SlotsFull`."""
+        deadline, ticket = asyncio.get_running_loop().time() + self.slot_wait_s, object()
+        self.backlog.append(ticket)
+        try:
+            while True:
+                if self.backlog[0] is ticket or stream in self.table.held():
+                    with contextlib.suppress(SlotsFull):
+                        return self.table.take(stream, start)[0]
+                room = None if forwarded else self._room_elsewhere()
+                if room is not None:
+                    self.elsewhere[stream] = (room, time.monotonic())
+                    raise Forward(room)
                 if asyncio.get_running_loop().time() >= deadline:
-                    raise
+                    raise SlotsFull(f"no free slot within {self.slot_wait_s:g} s")
                 await asyncio.sleep(0.01)
+        finally:
+            self.backlog.remove(ticket)
+
+    def _room_elsewhere(self) -> str | None:
+        """The address of another replica that said it has a free slot (most free first), if any."""
+        free = [(room, f"{host}:{port}") for r, (host, port, room) in self.peers.items() if r != self.replica and room]
+        return max(free)[1] if free else None
 
     async def _steps(self) -> None:
         """Step every stream with a window waiting and no step being committed. A step's commit runs beside

@@ -53,14 +53,15 @@ class KServeEndpoints:
         from aiohttp import web
 
         try:
-            status, body = await self._answer(request)
+            try:
+                status, body = await self._answer(request)
+            except Forward as forward:
+                relayed = await self._forward(request, forward.address)
+                if relayed is not None:
+                    return relayed
+                status, body = await self._answer(request, local=True)
         except ProtocolError as exc:
             status, body = exc.status, exc.body()
-        except Forward as forward:
-            relayed = await self._forward(request, forward.address)
-            if relayed is not None:
-                return relayed
-            status, body = await self._answer(request, local=True)
         # NaN and infinity as JSON writers and Triton's client read them: a window's NaN is the model's answer
         return web.Response(body=json.dumps(body), status=status, content_type="application/json")
 

@@ -94,8 +94,7 @@ class StreamReplica:
         self.restores: dict[int, list[np.ndarray]] = {}  # state rows to put into a slot before its next step
         self.committing: set[Hashable] = set()  # streams whose last step awaits the keeper's verdict
         self.stepper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rayparallel-step")
-        self.wake, self.stepped = asyncio.Event(), asyncio.Event()
-        self.to_commit: list[tuple[list[Waiting], dict, dict]] = []  # steps whose windows await their commit
+        self.wake = asyncio.Event()
         self.backlog: deque[object] = deque()  # starts waiting for a slot, in arrival order
         self.peers: dict[str, tuple[str, int, int]] = {}  # every replica's (host, port, free slots), as last said
         self.elsewhere: dict[Hashable, tuple[str, float]] = {}  # streams placed on another replica: its address
@@ -103,7 +102,6 @@ class StreamReplica:
         # Ray Serve runs the constructor on the replica's event loop, where the step loops and the HTTP server live
         loop = asyncio.get_running_loop()
         loop.create_task(self._steps())
-        loop.create_task(self._commits())
         if http is not None:  # KServe v2 on a port of its own, to which the front forwards the stream's windows
             loop.create_task(self._serve_http(http))
         logger.info(f"rayparallel serve: replica up with {slots} slots, idle timeout {idle_timeout_s:g} s")
@@ -220,34 +218,20 @@ class StreamReplica:
                         _reply(head.answer, error=exc)
                     continue
                 self.committing.update(ready)
-                self.to_commit.append((heads, outputs, states))
-                self.stepped.set()
+                loop.create_task(self._answer(heads, outputs, states))
                 self.metrics.step(len(heads), len(self.table.held()))
             self.table.expire()
 
-    async def _commits(self) -> None:
-        """Commit the steps done since the last look in one call to the keeper, beside the calls still in flight
-        (a window waits for its own round trip only), then settle their windows by their verdicts."""
-        while True:
-            await self.stepped.wait()
-            self.stepped.clear()
-            if self.to_commit:
-                steps, self.to_commit = self.to_commit, []
-                asyncio.get_running_loop().create_task(self._settle_steps(steps))
-
-    async def _settle_steps(self, steps: list[tuple[list[Waiting], dict, dict]]) -> None:
-        """The steps' windows settled by their verdicts; their streams free to step again."""
-        heads = [head for step_heads, _, _ in steps for head in step_heads]
-        outputs = {id(head): step_outputs[head.slot] for hs, step_outputs, _ in steps for head in hs}
-        states = {id(head): step_states.get(head.slot) for hs, _, step_states in steps for head in hs}
+    async def _answer(self, heads: list[Waiting], outputs: dict, states: dict) -> None:
+        """The step's windows settled by their verdicts; their streams free to step again."""
         try:
             verdicts = await self._commit(heads, outputs, states)
-        except Exception as exc:  # the keeper failed: the steps' windows hear why
+        except Exception as exc:  # the keeper failed: the step's windows hear why
             for head in heads:
                 _reply(head.answer, error=exc)
         else:
             for head, verdict in zip(heads, verdicts, strict=True):
-                self._settle(head, outputs[id(head)], *verdict)
+                self._settle(head, outputs[head.slot], *verdict)
         finally:
             self.committing.difference_update(head.stream for head in heads)
             self.wake.set()
@@ -267,14 +251,13 @@ class StreamReplica:
         return outputs, self.model.states_of([head.slot for head in heads]) if self.keeper else {}
 
     async def _commit(self, heads: list[Waiting], outputs: dict, states: dict) -> list[tuple[Verdict, Kept | None]]:
-        """The keeper's verdicts on `heads` (`outputs` and `states` by each head's `id`)."""
         if self.keeper is None:
             return [("kept", None)] * len(heads)
         commits = []
         for head in heads:
             after = 0 if head.start else self.windows.get(head.stream, 0)
             commits.append(
-                Commit(head.stream, head.token, after, head.start, head.end, outputs[id(head)], states[id(head)])
+                Commit(head.stream, head.token, after, head.start, head.end, outputs[head.slot], states[head.slot])
             )
         return await self.keeper.commit(commits)
 

@@ -51,7 +51,9 @@ trainer = TensorflowTrainer(loop, scaling_config=ScalingConfig(num_workers=2), r
 timed("TRAINER", lambda: trainer.fit().error)
 os.environ["RAYPARALLEL_WARM_IDLE_TIMEOUT_S"] = "3"
 workers = rayparallel.Workers(num_workers=1)
-time.sleep(8)
+deadline = time.time() + 180  # the close waits for the group's worker to take its end (after its TensorFlow import)
+while "closed" not in repr(workers) and time.time() < deadline:
+    time.sleep(0.5)
 print("IDLE", workers, flush=True)
 """
 

@@ -124,14 +124,16 @@ class KServeEndpoints:
         }
 
 
-async def listen(endpoints: KServeEndpoints) -> tuple[Any, int]:
-    """The endpoints served on every address of this node, on a port the system picks: (runner, port)."""
+async def listen(
+    handle: Callable[[web.Request], Awaitable[web.Response]], paths: str = "/{tail:.*}"
+) -> tuple[Any, int]:
+    """`handle` served on every address of this node, on a port the system picks: (runner, port). Each stream
+    replica serves its endpoints so, and the keeper its commits."""
     from aiohttp import web
 
     app = web.Application(client_max_size=64 * 2**20)
-    app.router.add_route("*", "/{tail:.*}", endpoints.handle)
+    app.router.add_route("*", paths, handle)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, "0.0.0.0", 0)
-    await site.start()
+    await web.TCPSite(runner, "0.0.0.0", 0).start()
     return runner, runner.addresses[0][1]

@@ -130,13 +130,12 @@ class HAProxyFront:
             preexec_fn=_die_with_parent,
         )
         self.placed: dict[str, str] = {}  # replica -> its server slot (r1, r2, ...)
-        self.watch: asyncio.Task | None = None
+        # Ray Serve runs the constructor on the replica's event loop: the directory's watch lives there
+        self.watch = asyncio.get_running_loop().create_task(self._watch())
         logger.info(f"rayparallel serve: front (HAProxy) on {host}:{port}, config in {config}")
 
     async def ready(self) -> int:
         """How many replicas the front forwards to now (servers up), once HAProxy answers."""
-        if self.watch is None:  # the directory's watch, on the replica's event loop
-            self.watch = asyncio.get_running_loop().create_task(self._watch())
         await self._follow()
         stats = await self._command("show stat")
         rows = [line.split(",") for line in stats.splitlines() if line.startswith("replicas,r")]

@@ -146,11 +146,14 @@ class StateKeeper:
         import ray
         from aiohttp import web
 
+        from .endpoints import listen
         from .wire import pack, unpack
 
         async def handle(request: web.Request) -> web.Response:
             if request.headers.get(SECRET_HEADER) != self.secret:
                 return web.Response(status=403, text="x-rayparallel-secret: expected the keeper's, received another")
+            if request.method != "POST":
+                return web.Response(status=405, text=f"method: expected POST, received {request.method}")
             body = unpack(await request.read())
             if request.path == "/commit":
                 verdicts = await self.commit([Commit(**commit) for commit in body])
@@ -160,10 +163,5 @@ class StateKeeper:
                 answer = None if kept is None else vars(kept)
             return web.Response(body=pack(answer), content_type="application/octet-stream")
 
-        app = web.Application(client_max_size=256 * 2**20)
-        app.router.add_post("/{path:commit|recall}", handle)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        await web.TCPSite(runner, "0.0.0.0", 0).start()
-        self.runner = runner
-        self.listening.set_result((ray.util.get_node_ip_address(), runner.addresses[0][1], self.secret))
+        self.runner, port = await listen(handle, "/{path:commit|recall}")
+        self.listening.set_result((ray.util.get_node_ip_address(), port, self.secret))

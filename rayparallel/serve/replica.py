@@ -157,7 +157,7 @@ class StreamReplica:
         import ray
 
         endpoints = KServeEndpoints(http.name, http.version, http.model_input, http.outputs, self.window)
-        self.http_runner, port = await listen(endpoints)
+        self.http_runner, port = await listen(endpoints.handle)
         host = ray.util.get_node_ip_address()
         directory = http.directory
         while True:
@@ -178,11 +178,13 @@ class StreamReplica:
     async def _slot(self, stream: Hashable, start: bool, forwarded: bool) -> int:
         """The stream's slot here. A start that finds none goes to a replica with a free one (unless `forwarded`:
         then it waits here), else waits in arrival order (Triton's backlog) up to `slot_wait_s`: `SlotsFull`."""
+        if stream in self.table.held():  # its own slot (a window, or a start again): no wait, no ticket
+            return self.table.take(stream, start)[0]
         deadline, ticket = asyncio.get_running_loop().time() + self.slot_wait_s, object()
         self.backlog.append(ticket)
         try:
             while True:
-                if self.backlog[0] is ticket or stream in self.table.held():
+                if self.backlog[0] is ticket:
                     with contextlib.suppress(SlotsFull):
                         return self.table.take(stream, start)[0]
                 room = None if forwarded else self._room_elsewhere()
